@@ -1,0 +1,300 @@
+//! [`JobContext`]: what one attempt knows about itself, and what it may do.
+//!
+//! The context depends on no runtime module: the executor hands each attempt its lease
+//! handle and its cancellation token when it builds the context.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{Acquire, PgPool, Postgres};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+use crate::job::JobId;
+use crate::store;
+
+/// The context of one attempt: its job's identity, its attempt number, a cancellation
+/// signal, and the fenced operations an attempt may perform (the effect ledger,
+/// complete-in-transaction, extending its own lease).
+///
+/// Cheap to clone; clones share the cancellation signal and lease.
+#[derive(Clone)]
+pub struct JobContext {
+    inner: Arc<Inner>,
+}
+
+#[derive(Clone)]
+struct Inner {
+    id: JobId,
+    kind: String,
+    queue: String,
+    attempt: u32,
+    max_attempts: u32,
+    created_at: Option<DateTime<Utc>>,
+    cancel: CancellationToken,
+    lease: Option<AttemptLease>,
+}
+
+/// The database side of an attempt: the pool, the lease length and the local deadline
+/// the runtime's watchdog enforces. Absent for a detached context.
+#[derive(Clone)]
+pub(crate) struct AttemptLease {
+    pub(crate) pool: PgPool,
+    pub(crate) lease: Duration,
+    /// When this process must consider the lease lost, by its monotonic clock: the send
+    /// time of the last successful extension plus the lease. The database's own expiry
+    /// is always later, so the attempt is dropped before anyone else can claim the job.
+    pub(crate) deadline: Arc<watch::Sender<Instant>>,
+}
+
+impl fmt::Debug for JobContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobContext")
+            .field("id", &self.inner.id)
+            .field("kind", &self.inner.kind)
+            .field("queue", &self.inner.queue)
+            .field("attempt", &self.inner.attempt)
+            .field("max_attempts", &self.inner.max_attempts)
+            .field("cancelled", &self.inner.cancel.is_cancelled())
+            .field("attached", &self.inner.lease.is_some())
+            .finish()
+    }
+}
+
+/// The parts the executor builds a context from.
+pub(crate) struct ContextParts {
+    pub(crate) id: JobId,
+    pub(crate) kind: String,
+    pub(crate) queue: String,
+    pub(crate) attempt: u32,
+    pub(crate) max_attempts: u32,
+    pub(crate) created_at: Option<DateTime<Utc>>,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) lease: Option<AttemptLease>,
+}
+
+impl JobContext {
+    pub(crate) fn from_parts(p: ContextParts) -> Self {
+        JobContext {
+            inner: Arc::new(Inner {
+                id: p.id,
+                kind: p.kind,
+                queue: p.queue,
+                attempt: p.attempt,
+                max_attempts: p.max_attempts,
+                created_at: p.created_at,
+                cancel: p.cancel,
+                lease: p.lease,
+            }),
+        }
+    }
+
+    /// A context attached to no database row, for running a handler outside the runtime
+    /// (`jobq-testing`'s inline mode does this). Attempt 1 of 1, job id 0, queue
+    /// `default`; change them with the `with_*` methods. Its
+    /// [`effect_once`](Self::effect_once) records effects unfenced, and
+    /// [`complete_in_tx`](Self::complete_in_tx) and [`extend_lease`](Self::extend_lease)
+    /// do nothing.
+    pub fn detached(kind: impl Into<String>) -> Self {
+        JobContext::from_parts(ContextParts {
+            id: JobId(0),
+            kind: kind.into(),
+            queue: "default".to_owned(),
+            attempt: 1,
+            max_attempts: 1,
+            created_at: None,
+            cancel: CancellationToken::new(),
+            lease: None,
+        })
+    }
+
+    fn edit(mut self, f: impl FnOnce(&mut Inner)) -> Self {
+        f(Arc::make_mut(&mut self.inner));
+        self
+    }
+
+    /// Sets the job id (detached contexts).
+    #[must_use]
+    pub fn with_id(self, id: JobId) -> Self {
+        self.edit(|p| p.id = id)
+    }
+
+    /// Sets the attempt number, 1-based (detached contexts).
+    #[must_use]
+    pub fn with_attempt(self, attempt: u32) -> Self {
+        self.edit(|p| p.attempt = attempt.max(1))
+    }
+
+    /// Sets the number of attempts allowed (detached contexts).
+    #[must_use]
+    pub fn with_max_attempts(self, max_attempts: u32) -> Self {
+        self.edit(|p| p.max_attempts = max_attempts.max(1))
+    }
+
+    /// Sets the queue (detached contexts).
+    #[must_use]
+    pub fn with_queue(self, queue: impl Into<String>) -> Self {
+        let queue = queue.into();
+        self.edit(|p| p.queue = queue)
+    }
+
+    /// The job's id.
+    pub fn id(&self) -> JobId {
+        self.inner.id
+    }
+
+    /// The job's kind.
+    pub fn kind(&self) -> &str {
+        &self.inner.kind
+    }
+
+    /// The queue the job was claimed from.
+    pub fn queue(&self) -> &str {
+        &self.inner.queue
+    }
+
+    /// This attempt's number, starting at 1.
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+
+    /// How many attempts the job has in all.
+    pub fn max_attempts(&self) -> u32 {
+        self.inner.max_attempts
+    }
+
+    /// Whether this is the job's last allowed attempt.
+    pub fn is_last_attempt(&self) -> bool {
+        self.inner.attempt >= self.inner.max_attempts
+    }
+
+    /// The lease one claim or heartbeat grants this attempt (`None` when detached).
+    pub fn lease(&self) -> Option<Duration> {
+        self.inner.lease.as_ref().map(|l| l.lease)
+    }
+
+    /// When the job was enqueued (by the database's clock), if known.
+    pub fn created_at(&self) -> Option<DateTime<Utc>> {
+        self.inner.created_at
+    }
+
+    /// Whether this attempt has been cancelled (timeout, lost lease, shutdown deadline,
+    /// or an operator's cancel). The runtime also drops the handler's future shortly after;
+    /// this is for work the handler spawned, or for stopping between steps.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+
+    /// Completes when this attempt is cancelled.
+    pub async fn cancelled(&self) {
+        self.inner.cancel.cancelled().await;
+    }
+
+    /// A token that is cancelled with this attempt, to hand to spawned work.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.inner.cancel.child_token()
+    }
+
+    /// Records `key` in the effect ledger (`jobq.job_effects`) inside the caller's
+    /// transaction and tells whether it is new. `true`: perform the effect in the same
+    /// transaction and commit. `false`: this effect already happened (an earlier attempt
+    /// committed it), skip it.
+    ///
+    /// ```no_run
+    /// # async fn f(ctx: jobq::JobContext, pool: sqlx::PgPool) -> Result<(), jobq::Error> {
+    /// let mut tx = pool.begin().await?;
+    /// if ctx.effect_once(&mut tx, "invoice-42-marked-sent").await? {
+    ///     sqlx::query("UPDATE invoices SET status = 'sent' WHERE id = 42")
+    ///         .execute(&mut *tx)
+    ///         .await?;
+    /// }
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if this attempt no longer holds its job (roll back: a newer
+    /// attempt owns the job now); [`Error::Database`] on a database error.
+    pub async fn effect_once<'c, A>(&self, conn: A, key: &str) -> Result<bool, Error>
+    where
+        A: Acquire<'c, Database = Postgres> + Send,
+    {
+        let mut conn = conn.acquire().await?;
+        let (id, attempt) = self.fence();
+        if self.inner.lease.is_some() && !store::job_fence_check(&mut conn, id, attempt).await? {
+            return Err(self.lease_lost());
+        }
+        store::effect_record(&mut conn, key, id, attempt).await
+    }
+
+    /// Marks the job `done` inside the caller's transaction, so a database side effect and
+    /// the job's completion commit, or vanish, together. The runtime's own completion
+    /// after the handler returns then finds the job done and leaves it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if this attempt no longer holds its job (roll back);
+    /// [`Error::Database`] on a database error.
+    pub async fn complete_in_tx<'c, A>(&self, conn: A) -> Result<(), Error>
+    where
+        A: Acquire<'c, Database = Postgres> + Send,
+    {
+        if self.inner.lease.is_none() {
+            return Ok(());
+        }
+        let mut conn = conn.acquire().await?;
+        let (id, attempt) = self.fence();
+        if store::job_complete_in_tx(&mut conn, id, attempt).await? {
+            Ok(())
+        } else {
+            Err(self.lease_lost())
+        }
+    }
+
+    /// Extends this attempt's lease to `lease` from now (database clock). The runtime's
+    /// heartbeats already do this; call it before a step known to block heartbeats.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the attempt no longer holds its job; [`Error::Database`].
+    pub async fn extend_lease(&self, lease: Duration) -> Result<(), Error> {
+        let Some(l) = &self.inner.lease else {
+            return Ok(());
+        };
+        let sent = Instant::now();
+        let (id, attempt) = self.fence();
+        let mut conn = l.pool.acquire().await?;
+        if store::lease_extend_one(&mut conn, id, attempt, lease.as_secs_f64()).await? {
+            l.deadline.send_if_modified(|d| {
+                let new = sent + lease;
+                if new > *d {
+                    *d = new;
+                    true
+                } else {
+                    false
+                }
+            });
+            Ok(())
+        } else {
+            Err(self.lease_lost())
+        }
+    }
+
+    /// The fencing token `(id, attempt)` every write of this attempt carries.
+    fn fence(&self) -> (i64, i32) {
+        (
+            self.inner.id.0,
+            i32::try_from(self.inner.attempt).unwrap_or(i32::MAX),
+        )
+    }
+
+    fn lease_lost(&self) -> Error {
+        let (id, attempt) = self.fence();
+        Error::LeaseLost { id, attempt }
+    }
+}

@@ -1,0 +1,299 @@
+//! The [`Job`] trait, job ids, and enqueueing (one job, a builder with options, a batch).
+//!
+//! Enqueue takes anything sqlx can [`Acquire`] a Postgres connection from: `&mut tx` (the
+//! job exists exactly when `tx` commits), `&pool`, or `&mut PgConnection`.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::{Acquire, Postgres};
+
+use crate::context::JobContext;
+use crate::error::{Classify, Error};
+use crate::retry::RetryPolicy;
+use crate::store;
+
+/// The largest payload (serialized JSON) accepted by enqueue: 1 MiB.
+pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+/// The longest kind name accepted.
+pub const MAX_KIND_LEN: usize = 200;
+/// The longest queue name accepted.
+pub const MAX_QUEUE_LEN: usize = 100;
+/// The longest idempotency key accepted.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 500;
+
+/// A job type: its kind, arguments, error, policies and handler.
+///
+/// `#[jobq::job]` writes this impl for you; implementing it by hand is the same contract.
+///
+/// ```
+/// use jobq::{Job, JobContext, JobError, RetryPolicy};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Args { invoice_id: i64 }
+///
+/// struct SendInvoice;
+///
+/// impl Job for SendInvoice {
+///     const KIND: &'static str = "send_invoice";
+///     const RETRY: RetryPolicy = RetryPolicy::exponential(10).jitter(true);
+///     type Args = Args;
+///     type Error = JobError;
+///
+///     fn idempotency_key(args: &Args) -> Option<String> {
+///         Some(args.invoice_id.to_string())
+///     }
+///
+///     async fn run(_ctx: JobContext, args: Args) -> Result<(), JobError> {
+///         if args.invoice_id < 0 {
+///             return Err(JobError::permanent("invoice_missing", "no such invoice"));
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a jobq job",
+    label = "this type does not implement `jobq::Job`",
+    note = "annotate an async fn with `#[jobq::job(kind = \"...\")]`, or implement `jobq::Job` by hand"
+)]
+pub trait Job: Send + Sync + 'static {
+    /// The stable name stored in `jobs.kind`; renaming it orphans queued jobs.
+    const KIND: &'static str;
+    /// The queue jobs of this kind go to unless an enqueue overrides it.
+    const QUEUE: &'static str = "default";
+    /// Priority; smaller runs first (0 is the default, negative is more urgent).
+    const PRIORITY: i16 = 0;
+    /// The retry policy: attempts and backoff.
+    const RETRY: RetryPolicy = RetryPolicy::exponential(crate::retry::DEFAULT_MAX_ATTEMPTS)
+        .jitter(true);
+    /// How long one claim holds the job before another worker may rescue it. The runtime
+    /// extends it by heartbeats while the handler runs; keep it well above the time a
+    /// heartbeat can be delayed (a GC pause, a slow database), not above the run time.
+    const LEASE: Duration = Duration::from_secs(60);
+    /// The longest one attempt may run; past it the attempt is cancelled and recorded as
+    /// a retryable `timeout` failure. `None` means no limit.
+    const TIMEOUT: Option<Duration> = None;
+
+    /// The arguments, stored as JSON in `jobs.payload`.
+    type Args: Serialize + DeserializeOwned + Send + 'static;
+    /// The handler's error, classified retryable or permanent.
+    type Error: Classify + fmt::Display + Send + 'static;
+
+    /// The idempotency key for `args`, if jobs of this kind are deduplicated: a second
+    /// enqueue with the same key inserts nothing and returns the first job's id.
+    fn idempotency_key(args: &Self::Args) -> Option<String> {
+        let _ = args;
+        None
+    }
+
+    /// Runs one attempt.
+    fn run(
+        ctx: JobContext,
+        args: Self::Args,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Enqueues one job through `conn` (`&mut tx`, `&pool` or `&mut PgConnection`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] when the job is rejected before reaching the database (payload
+    /// over [`MAX_PAYLOAD_BYTES`], a bad kind or queue name), [`Error::Serialize`] when the
+    /// args do not serialize, [`Error::Database`] when the insert fails.
+    fn enqueue<'c, A>(
+        conn: A,
+        args: Self::Args,
+    ) -> impl Future<Output = Result<Enqueued, Error>> + Send
+    where
+        A: Acquire<'c, Database = Postgres> + Send,
+        Self: Sized,
+    {
+        Self::with(args).enqueue(conn)
+    }
+
+    /// Starts an enqueue with options: `J::with(args).run_after(t).priority(p).enqueue(conn)`.
+    fn with(args: Self::Args) -> EnqueueBuilder<Self>
+    where
+        Self: Sized,
+    {
+        EnqueueBuilder::new(args)
+    }
+
+    /// Enqueues many jobs in one round trip. Returns one [`Enqueued`] per input, in order.
+    ///
+    /// # Errors
+    ///
+    /// As [`Job::enqueue`]; nothing is inserted if any job is rejected.
+    fn enqueue_many<'c, A, I>(
+        conn: A,
+        args: I,
+    ) -> impl Future<Output = Result<Vec<Enqueued>, Error>> + Send
+    where
+        A: Acquire<'c, Database = Postgres> + Send,
+        I: IntoIterator<Item = Self::Args>,
+        Self: Sized,
+    {
+        let prepared: Result<Vec<store::NewJob>, Error> = args
+            .into_iter()
+            .map(|a| EnqueueBuilder::<Self>::new(a).into_new_job())
+            .collect();
+        async move {
+            let jobs = prepared?;
+            let mut conn = conn.acquire().await?;
+            store::job_insert_many(&mut conn, &jobs).await
+        }
+    }
+}
+
+/// A job's id (`jobs.id`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct JobId(pub i64);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The result of an enqueue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job's id: the new row's, or for a duplicate the existing row's.
+    pub id: JobId,
+    /// `true` when the idempotency key matched an existing job and nothing was inserted.
+    pub duplicate: bool,
+}
+
+/// An enqueue with options, from [`Job::with`].
+#[must_use = "an EnqueueBuilder does nothing until `.enqueue(conn)` is awaited"]
+pub struct EnqueueBuilder<J: Job> {
+    args: J::Args,
+    run_after: Option<DateTime<Utc>>,
+    delay: Option<Duration>,
+    priority: i16,
+    queue: Option<String>,
+    max_attempts: Option<u32>,
+    idempotency_key: Option<String>,
+    _job: PhantomData<fn() -> J>,
+}
+
+impl<J: Job> fmt::Debug for EnqueueBuilder<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The args are deliberately not printed: payloads stay out of logs.
+        f.debug_struct("EnqueueBuilder")
+            .field("kind", &J::KIND)
+            .field("run_after", &self.run_after)
+            .field("delay", &self.delay)
+            .field("priority", &self.priority)
+            .field("queue", &self.queue)
+            .field("max_attempts", &self.max_attempts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<J: Job> EnqueueBuilder<J> {
+    /// Same as [`Job::with`].
+    pub fn new(args: J::Args) -> Self {
+        EnqueueBuilder {
+            args,
+            run_after: None,
+            delay: None,
+            priority: J::PRIORITY,
+            queue: None,
+            max_attempts: None,
+            idempotency_key: None,
+            _job: PhantomData,
+        }
+    }
+
+    /// Do not run before `at` (a time in the past runs as soon as possible).
+    pub fn run_after(mut self, at: DateTime<Utc>) -> Self {
+        self.run_after = Some(at);
+        self.delay = None;
+        self
+    }
+
+    /// Do not run before `delay` from now, measured by the database's clock.
+    pub fn run_in(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self.run_after = None;
+        self
+    }
+
+    /// Overrides the kind's priority (smaller runs first).
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Overrides the kind's queue.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// Overrides the retry policy's number of attempts (at least 1).
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = Some(max_attempts);
+        self
+    }
+
+    /// Overrides the idempotency key the kind derives from its args.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Inserts the job through `conn`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Job::enqueue`].
+    pub fn enqueue<'c, A>(self, conn: A) -> impl Future<Output = Result<Enqueued, Error>> + Send
+    where
+        A: Acquire<'c, Database = Postgres> + Send,
+    {
+        let prepared = self.into_new_job();
+        async move {
+            let job = prepared?;
+            let mut conn = conn.acquire().await?;
+            store::job_insert(&mut conn, &job).await
+        }
+    }
+
+    /// Validates and serializes, without touching the database.
+    pub(crate) fn into_new_job(self) -> Result<store::NewJob, Error> {
+        let payload = serde_json::to_string(&self.args).map_err(|source| Error::Serialize {
+            kind: J::KIND.to_owned(),
+            source,
+        })?;
+        let idempotency_key = match self.idempotency_key {
+            Some(key) => Some(key),
+            None => J::idempotency_key(&self.args),
+        };
+        let max_attempts = self
+            .max_attempts
+            .unwrap_or_else(|| J::RETRY.max_attempts());
+        let job = store::NewJob {
+            kind: J::KIND.to_owned(),
+            queue: self.queue.unwrap_or_else(|| J::QUEUE.to_owned()),
+            payload,
+            priority: self.priority,
+            max_attempts: i32::try_from(max_attempts).unwrap_or(i32::MAX),
+            run_after: self.run_after,
+            delay_secs: self.delay.map(|d| d.as_secs_f64()),
+            idempotency_key,
+        };
+        job.validate()?;
+        Ok(job)
+    }
+}

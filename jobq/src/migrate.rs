@@ -1,0 +1,81 @@
+//! `jobq::migrate(&pool)`: creates and upgrades jobq's schema.
+//!
+//! jobq keeps its own bookkeeping in `jobq.schema_migrations`, never in sqlx's
+//! `_sqlx_migrations`, so an application's own `sqlx::migrate!` on the same database
+//! neither sees jobq's versions nor reports them missing (`VersionMissing`), in either
+//! order. Migrations run in one transaction under an advisory lock, so any number of
+//! processes may call `migrate` at once; each version is applied exactly once.
+
+use sqlx::PgPool;
+
+use crate::error::Error;
+
+/// One migration: a version, a name, and its SQL (from `migrations/` at the repository
+/// root, embedded at compile time).
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Increasing from 1.
+    pub version: i64,
+    /// A short name.
+    pub name: &'static str,
+    /// The SQL.
+    pub sql: &'static str,
+}
+
+/// Every migration jobq has, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "jobs",
+    sql: include_str!("../migrations/0001_jobs.sql"),
+}];
+
+/// An advisory-lock key only jobq's migrations use ("jobq" in ASCII).
+const MIGRATE_LOCK: i64 = 0x6a6f_6271;
+
+/// Applies every migration not yet applied, in one transaction.
+///
+/// # Errors
+///
+/// [`Error::Migrate`] naming the migration that failed, or [`Error::Database`] when the
+/// database cannot be reached. Nothing is applied when an error is returned.
+pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATE_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::raw_sql(
+        "CREATE SCHEMA IF NOT EXISTS jobq;
+         CREATE TABLE IF NOT EXISTS jobq.schema_migrations (
+             version    bigint      PRIMARY KEY,
+             name       text        NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         );",
+    )
+    .execute(&mut *tx)
+    .await?;
+    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM jobq.schema_migrations")
+        .fetch_all(&mut *tx)
+        .await?;
+    for m in MIGRATIONS {
+        if applied.contains(&m.version) {
+            continue;
+        }
+        sqlx::raw_sql(m.sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(|source| Error::Migrate {
+                version: m.version,
+                name: m.name,
+                source,
+            })?;
+        sqlx::query("INSERT INTO jobq.schema_migrations (version, name) VALUES ($1, $2)")
+            .bind(m.version)
+            .bind(m.name)
+            .execute(&mut *tx)
+            .await?;
+        tracing::info!(version = m.version, name = m.name, "jobq migration applied");
+    }
+    tx.commit().await?;
+    Ok(())
+}

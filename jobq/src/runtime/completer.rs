@@ -1,0 +1,238 @@
+//! Writes attempt outcomes, fenced, and batched: successes that arrive together are
+//! completed in one `UPDATE … FROM unnest(…)`. An outcome is acknowledged to its attempt
+//! only after the statement that wrote it has committed.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, error, warn};
+
+use crate::error::{Disposition, Error};
+use crate::store::{self, FailParams, FenceResult};
+
+/// The most outcomes one flush writes.
+const MAX_BATCH: usize = 1000;
+
+/// An outcome to write for attempt `(id, attempt)`.
+#[derive(Debug, Clone)]
+pub(crate) enum Write {
+    Complete {
+        id: i64,
+        attempt: i32,
+    },
+    Fail {
+        id: i64,
+        attempt: i32,
+        disposition: Disposition,
+        code: String,
+        message: String,
+        delay: Duration,
+    },
+    HandBack {
+        id: i64,
+        attempt: i32,
+    },
+}
+
+impl Write {
+    fn fence(&self) -> (i64, i32) {
+        match self {
+            Write::Complete { id, attempt }
+            | Write::Fail { id, attempt, .. }
+            | Write::HandBack { id, attempt } => (*id, *attempt),
+        }
+    }
+}
+
+/// What became of a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Written {
+    /// Applied; for a failure, the job's new state.
+    Applied(Option<String>),
+    /// The attempt had completed the job itself, in its own transaction.
+    AlreadyDone,
+    /// The attempt no longer held the job; nothing changed.
+    Stale,
+}
+
+/// Writes one outcome directly (no batching); used by the completer for failures and
+/// hand-backs and by `Runtime::drain`.
+pub(crate) async fn write_one(
+    conn: &mut PgConnection,
+    write: &Write,
+    now: Option<DateTime<Utc>>,
+) -> Result<Written, Error> {
+    match write {
+        Write::Complete { id, attempt } => {
+            let r = store::job_complete_many(conn, &[(*id, *attempt)], now).await?;
+            Ok(match r.first() {
+                Some(FenceResult::Applied) => Written::Applied(Some("done".to_owned())),
+                Some(FenceResult::AlreadyDone) => Written::AlreadyDone,
+                _ => Written::Stale,
+            })
+        }
+        Write::Fail {
+            id,
+            attempt,
+            disposition,
+            code,
+            message,
+            delay,
+        } => {
+            let state = store::job_fail(
+                conn,
+                &FailParams {
+                    id: *id,
+                    attempt: *attempt,
+                    disposition: *disposition,
+                    code,
+                    message,
+                    delay_secs: delay.as_secs_f64(),
+                    now,
+                },
+            )
+            .await?;
+            Ok(match state {
+                Some(s) => Written::Applied(Some(s)),
+                None => Written::Stale,
+            })
+        }
+        Write::HandBack { id, attempt } => {
+            if store::job_hand_back(conn, *id, *attempt).await? {
+                Ok(Written::Applied(None))
+            } else {
+                Ok(Written::Stale)
+            }
+        }
+    }
+}
+
+struct Request {
+    write: Write,
+    ack: oneshot::Sender<Written>,
+}
+
+/// The sending side, held by every attempt of a runtime.
+#[derive(Debug, Clone)]
+pub(crate) struct Completer {
+    tx: mpsc::UnboundedSender<Request>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.write.fmt(f)
+    }
+}
+
+impl Completer {
+    /// Starts the completer task; it ends once every `Completer` clone is dropped and the
+    /// queue is written out.
+    pub(crate) fn spawn(pool: PgPool) -> (Completer, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(run(pool, rx));
+        (Completer { tx }, task)
+    }
+
+    /// Queues `write` and waits until it is committed (or given up on).
+    pub(crate) async fn write(&self, write: Write) -> Option<Written> {
+        let (ack, done) = oneshot::channel();
+        self.tx.send(Request { write, ack }).ok()?;
+        done.await.ok()
+    }
+}
+
+async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
+    let mut batch: Vec<Request> = Vec::with_capacity(64);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        // Whatever queued up while the previous flush ran goes in this one.
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        flush(&pool, &mut batch).await;
+    }
+}
+
+async fn flush(pool: &PgPool, batch: &mut Vec<Request>) {
+    let (completes, others): (Vec<Request>, Vec<Request>) = batch
+        .drain(..)
+        .partition(|r| matches!(r.write, Write::Complete { .. }));
+    if !completes.is_empty() {
+        let fences: Vec<(i64, i32)> = completes.iter().map(|r| r.write.fence()).collect();
+        let results = with_retry("complete", || async {
+            let mut conn = pool.acquire().await?;
+            store::job_complete_many(&mut conn, &fences, None).await
+        })
+        .await;
+        match results {
+            Some(results) => {
+                for (req, res) in completes.into_iter().zip(results) {
+                    let written = match res {
+                        FenceResult::Applied => Written::Applied(Some("done".to_owned())),
+                        FenceResult::AlreadyDone => Written::AlreadyDone,
+                        FenceResult::Stale => Written::Stale,
+                    };
+                    report(&req.write, &written);
+                    let _ = req.ack.send(written);
+                }
+            }
+            None => drop(completes),
+        }
+    }
+    for req in others {
+        let result = with_retry("fail", || async {
+            let mut conn = pool.acquire().await?;
+            write_one(&mut conn, &req.write, None).await
+        })
+        .await;
+        if let Some(written) = result {
+            report(&req.write, &written);
+            let _ = req.ack.send(written);
+        }
+    }
+}
+
+fn report(write: &Write, written: &Written) {
+    let (id, attempt) = write.fence();
+    match written {
+        Written::Stale => warn!(
+            job.id = id,
+            job.attempt = attempt,
+            "stale write ignored: this attempt no longer holds the job (its lease expired and the job was rescued, claimed again or changed by an operator)"
+        ),
+        Written::AlreadyDone => {
+            debug!(job.id = id, job.attempt = attempt, "job was completed in its own transaction")
+        }
+        Written::Applied(_) => {}
+    }
+}
+
+/// Retries a write through passing database errors (a restart, a killed connection) for
+/// about half a minute. Giving up loses nothing: the job stays `running` until its lease
+/// expires and the reaper returns it, so the attempt counts and the job runs again.
+async fn with_retry<T, F, Fut>(what: &str, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let mut delay = Duration::from_millis(50);
+    for attempt in 1..=10 {
+        match f().await {
+            Ok(v) => return Some(v),
+            Err(e) if attempt < 10 => {
+                warn!(error = %e, attempt, "writing {what} outcome failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                error!(error = %e, "writing {what} outcome failed; giving up, the reaper will return the job when its lease expires");
+            }
+        }
+    }
+    None
+}

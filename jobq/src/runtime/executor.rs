@@ -1,0 +1,270 @@
+//! One attempt: decode, run the handler under its timeout, catch its panic, classify the
+//! result. The same function serves the runtime, `Runtime::drain` and `jobq-testing`, so a
+//! test runs exactly the path production runs.
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+
+use crate::context::JobContext;
+use crate::error::Classification;
+use crate::job::Job;
+use crate::registry::{Failure, JobHandler};
+use crate::retry::RetryPolicy;
+
+/// How one attempt ended, as the executor saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AttemptOutcome {
+    /// The handler returned `Ok`.
+    Done,
+    /// The handler failed: its own error classified, or a built-in failure (`panic`,
+    /// `timeout` and `decode`).
+    Failed(Failure),
+    /// The attempt lost its lease (the heartbeat found the job taken, or could not renew
+    /// it in time); its future was dropped and nothing is written for it.
+    LeaseLost,
+    /// The runtime shut down before the attempt finished; its future was dropped and the
+    /// job is handed back.
+    Interrupted,
+}
+
+impl AttemptOutcome {
+    /// A short word for tracing and metrics: `done`, `retryable`, `permanent`, `cancel`,
+    /// `lease_lost`, `interrupted`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            AttemptOutcome::Done => "done",
+            AttemptOutcome::Failed(f) => f.class.disposition.as_str(),
+            AttemptOutcome::LeaseLost => "lease_lost",
+            AttemptOutcome::Interrupted => "interrupted",
+        }
+    }
+}
+
+impl Failure {
+    /// The wait before the next attempt after failed attempt `attempt`: the error's
+    /// Retry-After if it carries one, else the policy's backoff.
+    pub fn retry_delay(&self, policy: &RetryPolicy, attempt: u32) -> Duration {
+        self.class
+            .retry_after
+            .unwrap_or_else(|| policy.next_delay(attempt))
+    }
+}
+
+/// Runs one attempt of `handler` on `payload`: decode, timeout, panic catching,
+/// classification. `interrupt` resolving first drops the handler's future and yields
+/// `interrupt`'s outcome.
+pub(crate) async fn execute<I>(
+    handler: &JobHandler,
+    ctx: JobContext,
+    payload: serde_json::Value,
+    interrupt: I,
+) -> AttemptOutcome
+where
+    I: Future<Output = AttemptOutcome>,
+{
+    let run = AssertUnwindSafe(handler.call(ctx, payload)).catch_unwind();
+    let timed = async {
+        match handler.timeout() {
+            Some(limit) => match tokio::time::timeout(limit, run).await {
+                Ok(r) => Some(r),
+                Err(_) => None,
+            },
+            None => Some(run.await),
+        }
+    };
+    tokio::select! {
+        biased;
+        outcome = interrupt => outcome,
+        result = timed => match result {
+            Some(Ok(Ok(()))) => AttemptOutcome::Done,
+            Some(Ok(Err(failure))) => AttemptOutcome::Failed(failure),
+            Some(Err(panic)) => AttemptOutcome::Failed(Failure {
+                class: Classification::retryable("panic"),
+                message: format!("handler panicked: {}", panic_message(&*panic)),
+            }),
+            None => AttemptOutcome::Failed(Failure {
+                class: Classification::retryable("timeout"),
+                message: format!(
+                    "attempt exceeded its timeout of {:?} and was cancelled",
+                    handler.timeout().unwrap_or_default()
+                ),
+            }),
+        },
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// Runs one attempt of job type `J` outside the runtime, on the current task, through the
+/// runtime's own execution path: the payload is decoded as `J::Args`, the handler runs
+/// under `J::TIMEOUT`, a panic is caught and classified (`panic`), a timeout too
+/// (`timeout`), a payload that does not decode is a permanent `decode` failure.
+///
+/// `jobq-testing` builds on this; most users want that crate instead.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use jobq::{AttemptOutcome, Job, JobContext, JobError};
+///
+/// struct Hello;
+/// impl Job for Hello {
+///     const KIND: &'static str = "hello";
+///     type Args = String;
+///     type Error = JobError;
+///     async fn run(_ctx: JobContext, name: String) -> Result<(), JobError> {
+///         if name.is_empty() {
+///             return Err(JobError::permanent("no_name", "nobody to greet"));
+///         }
+///         Ok(())
+///     }
+/// }
+///
+/// let ctx = JobContext::detached(Hello::KIND);
+/// let outcome = jobq::run_attempt::<Hello>(ctx, serde_json::json!("world")).await;
+/// assert_eq!(outcome, AttemptOutcome::Done);
+/// # }
+/// ```
+pub async fn run_attempt<J: Job>(ctx: JobContext, payload: serde_json::Value) -> AttemptOutcome {
+    let handler = JobHandler::of::<J>();
+    execute(&handler, ctx, payload, std::future::pending()).await
+}
+
+/// Everything one attempt in the running runtime needs besides its job.
+pub(crate) struct AttemptEnv {
+    pub(crate) config: std::sync::Arc<super::Config>,
+    pub(crate) running: super::lease::RunningSet,
+    pub(crate) completer: super::completer::Completer,
+}
+
+/// Runs one claimed job inside the runtime: registers it for heartbeats, runs it under a
+/// `jobq.job` span with its lease watchdog and the shutdown interrupt, and writes its
+/// outcome through the completer. Returns once the outcome is committed.
+pub(crate) async fn run_claimed(
+    env: AttemptEnv,
+    mut job: crate::store::ClaimedJob,
+    claim_sent: tokio::time::Instant,
+) {
+    use tracing::Instrument;
+
+    let span = tracing::info_span!(
+        "jobq.job",
+        job.id = job.id,
+        job.kind = %job.kind,
+        job.queue = %job.queue,
+        job.attempt = job.attempt,
+        job.outcome = tracing::field::Empty,
+    );
+    async {
+        let Some(handler) = env.config.registry.get(&job.kind).cloned() else {
+            // Claims name only served kinds, so this cannot happen; fail loudly anyway.
+            let write = super::completer::Write::Fail {
+                id: job.id,
+                attempt: job.attempt,
+                disposition: crate::error::Disposition::Permanent,
+                code: "unknown_kind".to_owned(),
+                message: format!("no handler for kind `{}` in this worker", job.kind),
+                delay: Duration::ZERO,
+            };
+            env.completer.write(write).await;
+            return;
+        };
+        let lease = handler.lease();
+        let (deadline_tx, deadline_rx) = tokio::sync::watch::channel(claim_sent + lease);
+        let deadline = std::sync::Arc::new(deadline_tx);
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let lost = tokio_util::sync::CancellationToken::new();
+        let interrupt = tokio_util::sync::CancellationToken::new();
+        env.running.insert(
+            job.id,
+            super::lease::Running {
+                attempt: job.attempt,
+                lease,
+                deadline: deadline.clone(),
+                cancel: cancel.clone(),
+                lost: lost.clone(),
+                interrupt: interrupt.clone(),
+            },
+        );
+        let ctx = JobContext::from_parts(crate::context::ContextParts {
+            id: crate::JobId(job.id),
+            kind: job.kind.clone(),
+            queue: job.queue.clone(),
+            attempt: u32::try_from(job.attempt).unwrap_or(0),
+            max_attempts: u32::try_from(job.max_attempts).unwrap_or(0),
+            created_at: Some(job.created_at),
+            cancel: cancel.clone(),
+            lease: Some(crate::context::AttemptLease {
+                pool: env.config.pool.clone(),
+                lease,
+                deadline,
+            }),
+        });
+        let stop = async {
+            tokio::select! {
+                _ = super::lease::watchdog(deadline_rx, lost) => AttemptOutcome::LeaseLost,
+                _ = interrupt.cancelled() => AttemptOutcome::Interrupted,
+            }
+        };
+        let payload = std::mem::take(&mut job.payload);
+        let outcome = execute(&handler, ctx, payload, stop).await;
+        // Work the handler spawned with the context's token stops too.
+        cancel.cancel();
+        tracing::Span::current().record("job.outcome", outcome.label());
+        let write = outcome_write(&handler, &job, &outcome);
+        if let Some(write) = write {
+            let interrupted = matches!(write, super::completer::Write::HandBack { .. });
+            let written = env.completer.write(write).await;
+            if interrupted && matches!(written, Some(super::completer::Written::Applied(_))) {
+                env.running.count_handed_back();
+            }
+        }
+        env.running.remove(job.id);
+    }
+    .instrument(span)
+    .await;
+}
+
+/// The write an outcome calls for; `None` for a lost lease (the job is not ours).
+pub(crate) fn outcome_write(
+    handler: &JobHandler,
+    job: &crate::store::ClaimedJob,
+    outcome: &AttemptOutcome,
+) -> Option<super::completer::Write> {
+    use super::completer::Write;
+    let (id, attempt) = (job.id, job.attempt);
+    match outcome {
+        AttemptOutcome::Done => Some(Write::Complete { id, attempt }),
+        AttemptOutcome::Failed(f) => {
+            let delay = f.retry_delay(&handler.retry(), u32::try_from(attempt).unwrap_or(1));
+            match f.class.disposition {
+                crate::error::Disposition::Retryable => {
+                    tracing::info!(code = %f.class.code, error = %f.message, "attempt failed (retryable)");
+                }
+                _ => tracing::warn!(code = %f.class.code, error = %f.message, "attempt failed ({})", f.class.disposition.as_str()),
+            }
+            Some(Write::Fail {
+                id,
+                attempt,
+                disposition: f.class.disposition,
+                code: f.class.code.to_string(),
+                message: f.message.clone(),
+                delay,
+            })
+        }
+        AttemptOutcome::LeaseLost => None,
+        AttemptOutcome::Interrupted => Some(Write::HandBack { id, attempt }),
+    }
+}

@@ -1,0 +1,169 @@
+//! Leases: the set of attempts this runtime is running, the heartbeat that extends their
+//! leases in one statement per beat, and the watchdog that drops an attempt whose lease
+//! this process can no longer vouch for.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::store::{self, LeaseRenewal, LeaseStatus};
+
+/// One attempt in flight in this process.
+#[derive(Debug, Clone)]
+pub(crate) struct Running {
+    pub(crate) attempt: i32,
+    pub(crate) lease: Duration,
+    /// The local deadline (see `AttemptLease::deadline`).
+    pub(crate) deadline: Arc<watch::Sender<Instant>>,
+    /// The context's cancellation (cooperative).
+    pub(crate) cancel: CancellationToken,
+    /// Fired when the lease is lost: the executor drops the handler's future.
+    pub(crate) lost: CancellationToken,
+    /// Fired at the shutdown deadline: the executor drops the future and hands back.
+    pub(crate) interrupt: CancellationToken,
+}
+
+/// The attempts in flight, by job id.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunningSet {
+    inner: Arc<Mutex<HashMap<i64, Running>>>,
+    handed_back: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl RunningSet {
+    pub(crate) fn insert(&self, id: i64, r: Running) {
+        self.lock().insert(id, r);
+    }
+
+    pub(crate) fn remove(&self, id: i64) {
+        self.lock().remove(&id);
+    }
+
+    pub(crate) fn count_handed_back(&self) {
+        self.handed_back
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn handed_back(&self) -> usize {
+        self.handed_back.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub(crate) fn snapshot(&self) -> Vec<(i64, Running)> {
+        self.lock().iter().map(|(k, v)| (*k, v.clone())).collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Running>> {
+        // A panic while holding this lock cannot leave the map inconsistent (every
+        // operation is a single insert, remove or clone), so a poisoned lock is usable.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Extends every running attempt's lease each `interval` until `stop`.
+pub(crate) async fn heartbeat(
+    pool: PgPool,
+    running: RunningSet,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        beat(&pool, &running).await;
+    }
+}
+
+async fn beat(pool: &PgPool, running: &RunningSet) {
+    let attempts = running.snapshot();
+    if attempts.is_empty() {
+        return;
+    }
+    let renewals: Vec<LeaseRenewal> = attempts
+        .iter()
+        .map(|(id, r)| LeaseRenewal {
+            id: *id,
+            attempt: r.attempt,
+            lease_secs: r.lease.as_secs_f64(),
+        })
+        .collect();
+    let sent = Instant::now();
+    let result = async {
+        let mut conn = pool.acquire().await?;
+        store::lease_extend_many(&mut conn, &renewals).await
+    }
+    .await;
+    let statuses = match result {
+        Ok(s) => s,
+        Err(e) => {
+            // The watchdogs drop attempts whose local deadline passes meanwhile.
+            warn!(error = %e, running = attempts.len(), "heartbeat failed; leases not extended");
+            return;
+        }
+    };
+    for ((id, r), status) in attempts.iter().zip(statuses) {
+        match status {
+            LeaseStatus::Extended { cancel_requested } => {
+                let new = sent + r.lease;
+                r.deadline.send_if_modified(|d| {
+                    if new > *d {
+                        *d = new;
+                        true
+                    } else {
+                        false
+                    }
+                });
+                if cancel_requested && !r.cancel.is_cancelled() {
+                    debug!(job.id = id, "cancel requested by an operator");
+                    r.cancel.cancel();
+                }
+            }
+            LeaseStatus::Busy => {}
+            LeaseStatus::Lost => {
+                warn!(
+                    job.id = id,
+                    job.attempt = r.attempt,
+                    "lease lost: the job was rescued or changed elsewhere; dropping this attempt"
+                );
+                r.lost.cancel();
+            }
+        }
+    }
+}
+
+/// Resolves when the attempt must stop: its lease was reported lost, or its local
+/// deadline passed without a renewal.
+pub(crate) async fn watchdog(mut deadline: watch::Receiver<Instant>, lost: CancellationToken) {
+    loop {
+        let at = *deadline.borrow_and_update();
+        tokio::select! {
+            _ = lost.cancelled() => return,
+            _ = tokio::time::sleep_until(at) => {
+                if *deadline.borrow() <= Instant::now() {
+                    warn!("lease deadline passed without a successful heartbeat; dropping the attempt before another worker can claim the job");
+                    return;
+                }
+            }
+            changed = deadline.changed() => {
+                if changed.is_err() {
+                    // The sender is gone: nobody can extend the lease any more.
+                    tokio::time::sleep_until(at).await;
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! The runtime: [`Runtime::builder`] configures queues and job types; [`Runtime::start`]
+//! runs one producer per queue (claims up to its free slots), an executor task per
+//! attempt, a batching completer, a heartbeat for leases, the LISTEN wake-up and the
+//! reaper; [`RuntimeHandle::shutdown`] stops them gracefully.
+
+mod completer;
+mod executor;
+mod lease;
+mod producer;
+
+pub use executor::{AttemptOutcome, run_attempt};
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::error::Error;
+use crate::job::Job;
+use crate::maintenance::{Reaper, ReaperConfig};
+use crate::notify::{self, Wakers};
+use crate::registry::{JobHandler, Registry, registered_jobs};
+
+use completer::Completer;
+use lease::RunningSet;
+
+/// Concurrency of a queue the builder adds on its own (`default`, and each registered
+/// kind's queue) when no queue is configured explicitly.
+pub const DEFAULT_CONCURRENCY: usize = 10;
+
+/// Builds a [`Runtime`]. Start from [`Runtime::builder`].
+#[derive(Debug)]
+#[must_use = "a RuntimeBuilder does nothing until `.build()`"]
+pub struct RuntimeBuilder {
+    pool: PgPool,
+    queues: BTreeMap<String, usize>,
+    handlers: Vec<JobHandler>,
+    auto_register: bool,
+    poll_interval: Duration,
+    heartbeat_interval: Option<Duration>,
+    shutdown_timeout: Duration,
+    reaper: Option<ReaperConfig>,
+    listen: bool,
+    worker_id: Option<String>,
+}
+
+impl RuntimeBuilder {
+    /// Serves `queue` with up to `concurrency` attempts at once. Once any queue is named,
+    /// only the named queues are served.
+    pub fn queue(mut self, queue: impl Into<String>, concurrency: usize) -> Self {
+        self.queues.insert(queue.into(), concurrency);
+        self
+    }
+
+    /// Serves job type `J`, in addition to the types `#[jobq::job]` registered.
+    pub fn register<J: Job>(mut self) -> Self {
+        self.handlers.push(JobHandler::of::<J>());
+        self
+    }
+
+    /// Whether to serve every `#[jobq::job]` type linked into the binary (default `true`).
+    /// With `false`, only types passed to [`register`](Self::register) are served.
+    pub fn auto_register(mut self, yes: bool) -> Self {
+        self.auto_register = yes;
+        self
+    }
+
+    /// How often an idle producer looks for due jobs without a notification (default 1 s).
+    /// This bounds the latency of a job whose wake-up was lost and of a retry whose
+    /// backoff ends.
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
+        self
+    }
+
+    /// How often running attempts' leases are extended (default: a third of the shortest
+    /// lease among the served kinds).
+    pub fn heartbeat_interval(mut self, every: Duration) -> Self {
+        self.heartbeat_interval = Some(every);
+        self
+    }
+
+    /// How long [`RuntimeHandle::shutdown`] lets running attempts finish before it
+    /// interrupts them and hands their jobs back (default 30 s).
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// The reaper's settings; `None` runs no reaper in this runtime (another node must).
+    pub fn reaper(mut self, config: Option<ReaperConfig>) -> Self {
+        self.reaper = config;
+        self
+    }
+
+    /// Whether to LISTEN for enqueue notifications (default `true`); without it, jobs are
+    /// found by polling only.
+    pub fn listen(mut self, yes: bool) -> Self {
+        self.listen = yes;
+        self
+    }
+
+    /// The name stored in `jobs.locked_by` (default: host, process id and a random tag).
+    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
+        self.worker_id = Some(id.into());
+        self
+    }
+
+    /// Checks the configuration and collects the job types.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DuplicateKind`] when two types claim one kind, [`Error::Config`] when no
+    /// job type is registered or a queue has no capacity, [`Error::Invalid`] for a bad
+    /// queue or kind name.
+    pub fn build(self) -> Result<Runtime, Error> {
+        let mut registry = Registry::default();
+        if self.auto_register {
+            for h in registered_jobs() {
+                registry.add(h)?;
+            }
+        }
+        for h in self.handlers {
+            registry.add(h)?;
+        }
+        if registry.is_empty() {
+            return Err(Error::Config(
+                "no job types registered: annotate a handler with #[jobq::job] or call .register::<J>()".into(),
+            ));
+        }
+        let mut queues = self.queues;
+        if queues.is_empty() {
+            queues.insert("default".to_owned(), DEFAULT_CONCURRENCY);
+            for h in registry.handlers() {
+                queues.insert(h.queue().to_owned(), DEFAULT_CONCURRENCY);
+            }
+        }
+        for (name, concurrency) in &queues {
+            crate::store::validate_name("queue", name, crate::job::MAX_QUEUE_LEN)?;
+            if *concurrency == 0 {
+                return Err(Error::Config(format!(
+                    "queue `{name}` has concurrency 0; give it at least 1"
+                )));
+            }
+        }
+        let shortest_lease = registry
+            .handlers()
+            .map(JobHandler::lease)
+            .min()
+            .unwrap_or(Duration::from_secs(60));
+        if shortest_lease < Duration::from_millis(300) {
+            return Err(Error::Config(format!(
+                "a lease of {shortest_lease:?} is too short to be kept alive by heartbeats; use at least 300ms"
+            )));
+        }
+        let heartbeat = self
+            .heartbeat_interval
+            .unwrap_or(shortest_lease / 3)
+            .max(Duration::from_millis(50));
+        let worker_id = self.worker_id.unwrap_or_else(default_worker_id);
+        let (kinds, lease_secs) = registry
+            .handlers()
+            .map(|h| (h.kind().to_owned(), h.lease().as_secs_f64()))
+            .unzip();
+        Ok(Runtime {
+            config: Arc::new(Config {
+                pool: self.pool,
+                registry,
+                queues,
+                kinds,
+                lease_secs,
+                worker_id,
+                poll_interval: self.poll_interval,
+                heartbeat_interval: heartbeat,
+                shutdown_timeout: self.shutdown_timeout,
+                reaper: self.reaper,
+                listen: self.listen,
+            }),
+        })
+    }
+}
+
+fn default_worker_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".to_owned());
+    format!(
+        "{host}:{}:{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    )
+}
+
+/// Everything the runtime's tasks share, fixed at build time.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub(crate) pool: PgPool,
+    pub(crate) registry: Registry,
+    pub(crate) queues: BTreeMap<String, usize>,
+    /// Served kinds and their leases in seconds, in the same order (claim parameters).
+    pub(crate) kinds: Vec<String>,
+    pub(crate) lease_secs: Vec<f64>,
+    pub(crate) worker_id: String,
+    pub(crate) poll_interval: Duration,
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) reaper: Option<ReaperConfig>,
+    pub(crate) listen: bool,
+}
+
+/// A configured runtime, not yet running.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool) -> Result<(), jobq::Error> {
+/// jobq::Runtime::builder(pool)
+///     .queue("default", 16)
+///     .build()?
+///     .run_until(tokio::signal::ctrl_c())
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    config: Arc<Config>,
+}
+
+impl Runtime {
+    /// A builder with defaults: every `#[jobq::job]` type in the binary, queue `default`
+    /// and each type's queue at [`DEFAULT_CONCURRENCY`], 1 s polling, LISTEN on, reaper
+    /// on, 30 s shutdown timeout.
+    pub fn builder(pool: PgPool) -> RuntimeBuilder {
+        RuntimeBuilder {
+            pool,
+            queues: BTreeMap::new(),
+            handlers: Vec::new(),
+            auto_register: true,
+            poll_interval: Duration::from_secs(1),
+            heartbeat_interval: None,
+            shutdown_timeout: Duration::from_secs(30),
+            reaper: Some(ReaperConfig::default()),
+            listen: true,
+            worker_id: None,
+        }
+    }
+
+    /// The kinds this runtime serves.
+    pub fn kinds(&self) -> impl Iterator<Item = &str> {
+        self.config.kinds.iter().map(String::as_str)
+    }
+
+    /// The queues it serves, with their concurrency.
+    pub fn queues(&self) -> impl Iterator<Item = (&str, usize)> {
+        self.config.queues.iter().map(|(q, c)| (q.as_str(), *c))
+    }
+
+    /// The name it writes to `jobs.locked_by`.
+    pub fn worker_id(&self) -> &str {
+        &self.config.worker_id
+    }
+
+    /// Starts serving in the background of the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// None today; reserved for start-up checks.
+    pub async fn start(self) -> Result<RuntimeHandle, Error> {
+        let config = self.config;
+        info!(
+            worker = %config.worker_id,
+            kinds = ?config.kinds,
+            queues = ?config.queues,
+            "jobq runtime starting"
+        );
+        let stop_claiming = CancellationToken::new();
+        let stop_services = CancellationToken::new();
+        let running = RunningSet::default();
+        let (completer, completer_task) = Completer::spawn(config.pool.clone());
+        let wakers = Arc::new(Wakers::new(config.queues.keys().map(String::as_str)));
+        let attempts = TaskTracker::new();
+        let mut services = Vec::new();
+
+        let mut producers = Vec::new();
+        for (queue, concurrency) in &config.queues {
+            let p = producer::Producer {
+                config: config.clone(),
+                queue: queue.clone(),
+                concurrency: *concurrency,
+                wake: wakers.get(queue).unwrap_or_default(),
+                running: running.clone(),
+                completer: completer.clone(),
+                attempts: attempts.clone(),
+            };
+            producers.push(tokio::spawn(p.run(stop_claiming.clone())));
+        }
+        services.push(tokio::spawn(lease::heartbeat(
+            config.pool.clone(),
+            running.clone(),
+            config.heartbeat_interval,
+            stop_services.clone(),
+        )));
+        if config.listen {
+            services.push(tokio::spawn(notify::listen(
+                config.pool.clone(),
+                wakers.clone(),
+                stop_services.clone(),
+            )));
+        }
+        if let Some(rc) = config.reaper.clone() {
+            let reaper = Reaper::new(config.pool.clone(), rc);
+            services.push(tokio::spawn(reaper.run(stop_services.clone())));
+        }
+        Ok(RuntimeHandle {
+            config,
+            stop_claiming,
+            stop_services,
+            producers,
+            services,
+            attempts,
+            running,
+            completer: Some(completer),
+            completer_task,
+        })
+    }
+
+    /// Starts, runs until `signal` resolves (for example `tokio::signal::ctrl_c()`), then
+    /// shuts down gracefully.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::start`].
+    pub async fn run_until<F: Future>(self, signal: F) -> Result<ShutdownReport, Error> {
+        let handle = self.start().await?;
+        signal.await;
+        info!("shutdown signal received");
+        Ok(handle.shutdown().await)
+    }
+
+    /// Runs every due job of the served kinds on the current task, one at a time, through
+    /// the same execution path and the same fenced writes as the running runtime, until
+    /// no due job is left. `now` replaces the database's clock for "due" and for the
+    /// written times (`None`: the database's clock). For tests; `jobq-testing` builds its
+    /// `drain` on it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the database cannot be reached.
+    pub async fn drain(&self, now: Option<DateTime<Utc>>) -> Result<DrainReport, Error> {
+        producer::drain(&self.config, now).await
+    }
+}
+
+/// What [`Runtime::drain`] did.
+#[derive(Debug, Clone, Default)]
+pub struct DrainReport {
+    /// Every attempt it ran, in order.
+    pub attempts: Vec<DrainedAttempt>,
+}
+
+impl DrainReport {
+    fn count(&self, state: &str) -> usize {
+        self.attempts
+            .iter()
+            .filter(|a| a.state.as_deref() == Some(state))
+            .count()
+    }
+
+    /// Attempts that left their job `done`.
+    pub fn done(&self) -> usize {
+        self.count("done")
+    }
+
+    /// Attempts that left their job `pending` for a retry.
+    pub fn retried(&self) -> usize {
+        self.count("pending")
+    }
+
+    /// Attempts that left their job `failed`.
+    pub fn failed(&self) -> usize {
+        self.count("failed")
+    }
+
+    /// Attempts that left their job `cancelled`.
+    pub fn cancelled(&self) -> usize {
+        self.count("cancelled")
+    }
+}
+
+/// One attempt run by [`Runtime::drain`].
+#[derive(Debug, Clone)]
+pub struct DrainedAttempt {
+    /// The job's id.
+    pub id: crate::JobId,
+    /// Its kind.
+    pub kind: String,
+    /// The attempt number.
+    pub attempt: u32,
+    /// How the attempt ended.
+    pub outcome: AttemptOutcome,
+    /// The job's state after the write (`done`, `pending`, `failed`, `cancelled`), or
+    /// `None` if the write did not apply.
+    pub state: Option<String>,
+}
+
+/// A running runtime. Dropping it does not stop it; call [`shutdown`](Self::shutdown).
+#[derive(Debug)]
+pub struct RuntimeHandle {
+    config: Arc<Config>,
+    stop_claiming: CancellationToken,
+    stop_services: CancellationToken,
+    producers: Vec<JoinHandle<()>>,
+    services: Vec<JoinHandle<()>>,
+    attempts: TaskTracker,
+    running: RunningSet,
+    completer: Option<Completer>,
+    completer_task: JoinHandle<()>,
+}
+
+/// What a graceful shutdown did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Attempts that were still running at the deadline and were handed back.
+    pub handed_back: usize,
+}
+
+impl RuntimeHandle {
+    /// The worker id this runtime writes to `jobs.locked_by`.
+    pub fn worker_id(&self) -> &str {
+        &self.config.worker_id
+    }
+
+    /// How many attempts are running now.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Stops claiming, lets running attempts finish until the shutdown timeout, then
+    /// interrupts the rest and hands their jobs back to `pending` at once (the interrupted
+    /// attempt does not count), writes every outcome, and stops the services.
+    pub async fn shutdown(mut self) -> ShutdownReport {
+        self.stop_claiming.cancel();
+        for p in self.producers.drain(..) {
+            let _ = p.await;
+        }
+        self.attempts.close();
+        let mut report = ShutdownReport::default();
+        if tokio::time::timeout(self.config.shutdown_timeout, self.attempts.wait())
+            .await
+            .is_err()
+        {
+            let left = self.running.snapshot();
+            warn!(
+                running = left.len(),
+                "shutdown timeout reached; interrupting running attempts and handing their jobs back"
+            );
+            for (_, r) in left {
+                r.cancel.cancel();
+                r.interrupt.cancel();
+            }
+            self.attempts.wait().await;
+            report.handed_back = self.running.handed_back();
+        }
+        self.stop_services.cancel();
+        for s in self.services.drain(..) {
+            let _ = s.await;
+        }
+        // Every attempt has its outcome written; let the completer finish and end.
+        drop(self.completer.take());
+        let _ = (&mut self.completer_task).await;
+        info!(worker = %self.config.worker_id, handed_back = report.handed_back, "jobq runtime stopped");
+        report
+    }
+}

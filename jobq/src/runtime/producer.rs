@@ -1,0 +1,176 @@
+//! The producer: one per queue. It claims only as many jobs as it has free slots (a
+//! batch's leases start together, so claiming more than can start now would burn the
+//! later jobs' leases while they wait), hands each to an executor task, and when the queue
+//! runs dry waits for a wake-up or the poll interval.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::warn;
+
+use super::completer::{Completer, write_one};
+use super::executor::{AttemptEnv, execute, outcome_write, run_claimed};
+use super::lease::RunningSet;
+use super::{Config, DrainReport, DrainedAttempt};
+use crate::context::{AttemptLease, ContextParts, JobContext};
+use crate::error::Error;
+use crate::store::{self, ClaimParams, ClaimedJob};
+
+pub(crate) struct Producer {
+    pub(crate) config: Arc<Config>,
+    pub(crate) queue: String,
+    pub(crate) concurrency: usize,
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) running: RunningSet,
+    pub(crate) completer: Completer,
+    pub(crate) attempts: TaskTracker,
+}
+
+impl Producer {
+    pub(crate) async fn run(self, stop: CancellationToken) {
+        let slots = Arc::new(Semaphore::new(self.concurrency));
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let first = tokio::select! {
+                _ = stop.cancelled() => return,
+                p = slots.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
+            let mut permits = vec![first];
+            while let Ok(p) = slots.clone().try_acquire_owned() {
+                permits.push(p);
+            }
+            let want = permits.len();
+            let sent = Instant::now();
+            let claimed = claim(&self.config, &self.queue, want, None).await;
+            let jobs = match claimed {
+                Ok(jobs) => {
+                    backoff = Duration::from_millis(100);
+                    jobs
+                }
+                Err(e) => {
+                    warn!(queue = %self.queue, error = %e, "claim failed; retrying in {backoff:?}");
+                    drop(permits);
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            let got = jobs.len();
+            for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
+                let env = AttemptEnv {
+                    config: self.config.clone(),
+                    running: self.running.clone(),
+                    completer: self.completer.clone(),
+                };
+                self.attempts.spawn(async move {
+                    run_claimed(env, job, sent).await;
+                    drop(permit);
+                });
+            }
+            drop(permits);
+            if got < want {
+                // The queue has no more due jobs: wait for a wake-up or the next poll.
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = self.wake.notified() => {}
+                    _ = tokio::time::sleep(self.config.poll_interval) => {}
+                }
+            }
+        }
+    }
+}
+
+async fn claim(
+    config: &Config,
+    queue: &str,
+    limit: usize,
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<ClaimedJob>, Error> {
+    let mut conn = config.pool.acquire().await?;
+    store::job_claim(
+        &mut conn,
+        &ClaimParams {
+            queue,
+            kinds: &config.kinds,
+            lease_secs: &config.lease_secs,
+            limit: i64::try_from(limit).unwrap_or(i64::MAX),
+            worker: &config.worker_id,
+            now,
+        },
+    )
+    .await
+}
+
+/// `Runtime::drain`: claims and runs due jobs on the current task until none is due.
+pub(crate) async fn drain(
+    config: &Arc<Config>,
+    now: Option<DateTime<Utc>>,
+) -> Result<DrainReport, Error> {
+    let mut report = DrainReport::default();
+    loop {
+        let mut ran = 0;
+        for queue in config.queues.keys() {
+            for job in claim(config, queue, 100, now).await? {
+                ran += 1;
+                report.attempts.push(drain_one(config, job, now).await?);
+            }
+        }
+        if ran == 0 {
+            return Ok(report);
+        }
+    }
+}
+
+async fn drain_one(
+    config: &Arc<Config>,
+    mut job: ClaimedJob,
+    now: Option<DateTime<Utc>>,
+) -> Result<DrainedAttempt, Error> {
+    let Some(handler) = config.registry.get(&job.kind).cloned() else {
+        return Err(Error::Config(format!("no handler for kind `{}`", job.kind)));
+    };
+    let (deadline, _) = tokio::sync::watch::channel(Instant::now() + handler.lease());
+    let ctx = JobContext::from_parts(ContextParts {
+        id: crate::JobId(job.id),
+        kind: job.kind.clone(),
+        queue: job.queue.clone(),
+        attempt: u32::try_from(job.attempt).unwrap_or(0),
+        max_attempts: u32::try_from(job.max_attempts).unwrap_or(0),
+        created_at: Some(job.created_at),
+        cancel: CancellationToken::new(),
+        lease: Some(AttemptLease {
+            pool: config.pool.clone(),
+            lease: handler.lease(),
+            deadline: Arc::new(deadline),
+        }),
+    });
+    let payload = std::mem::take(&mut job.payload);
+    let outcome = execute(&handler, ctx, payload, std::future::pending()).await;
+    let mut state = None;
+    if let Some(write) = outcome_write(&handler, &job, &outcome) {
+        let mut conn = config.pool.acquire().await?;
+        state = match write_one(&mut conn, &write, now).await? {
+            super::completer::Written::Applied(s) => s,
+            super::completer::Written::AlreadyDone => Some("done".to_owned()),
+            super::completer::Written::Stale => None,
+        };
+    }
+    Ok(DrainedAttempt {
+        id: crate::JobId(job.id),
+        kind: job.kind,
+        attempt: u32::try_from(job.attempt).unwrap_or(0),
+        outcome,
+        state,
+    })
+}

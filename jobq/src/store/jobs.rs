@@ -1,0 +1,424 @@
+//! Statements on `jobq.jobs`: insert, claim, complete, fail, hand back.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, Row};
+
+use super::{ERROR_HISTORY_LEN, NOTIFY_CHANNEL, NewJob, truncate_message};
+use crate::error::{Disposition, Error};
+use crate::job::{Enqueued, JobId};
+
+/// Inserts one job, absorbing a duplicate idempotency key, and wakes the queue's
+/// producers on commit (PostgreSQL folds identical notifications of one transaction).
+pub(crate) async fn job_insert(conn: &mut PgConnection, job: &NewJob) -> Result<Enqueued, Error> {
+    let row = sqlx::query(
+        r#"
+        WITH ins AS (
+            INSERT INTO jobq.jobs
+                (kind, queue, payload, priority, max_attempts, run_after, idempotency_key)
+            VALUES ($1, $2, $3::text::jsonb, $4, $5,
+                    coalesce($6, now() + make_interval(secs => coalesce($7, 0))), $8)
+            ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            RETURNING id, run_after
+        ),
+        wake AS (
+            SELECT pg_notify($9, $2) FROM ins WHERE ins.run_after <= now()
+        )
+        SELECT ins.id, false AS duplicate, (SELECT count(*) FROM wake) AS woke FROM ins
+        UNION ALL
+        SELECT j.id, true, 0 FROM jobq.jobs j
+        WHERE $8::text IS NOT NULL AND j.kind = $1 AND j.idempotency_key = $8
+          AND NOT EXISTS (SELECT 1 FROM ins)
+        "#,
+    )
+    .bind(&job.kind)
+    .bind(&job.queue)
+    .bind(&job.payload)
+    .bind(job.priority)
+    .bind(job.max_attempts)
+    .bind(job.run_after)
+    .bind(job.delay_secs)
+    .bind(&job.idempotency_key)
+    .bind(NOTIFY_CHANNEL)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(row) = row {
+        return Ok(Enqueued {
+            id: JobId(row.try_get("id")?),
+            duplicate: row.try_get("duplicate")?,
+        });
+    }
+    // The conflicting row was committed by a concurrent transaction after this
+    // statement's snapshot was taken: look again with a fresh snapshot.
+    let id = job_find_by_key(conn, &job.kind, job.idempotency_key.as_deref()).await?;
+    match id {
+        Some(id) => Ok(Enqueued {
+            id,
+            duplicate: true,
+        }),
+        None => Err(Error::invalid(
+            "idempotency_conflict",
+            format!(
+                "job of kind `{}` conflicted on its idempotency key, but the existing row is not visible (is this a REPEATABLE READ transaction?)",
+                job.kind
+            ),
+        )),
+    }
+}
+
+async fn job_find_by_key(
+    conn: &mut PgConnection,
+    kind: &str,
+    key: Option<&str>,
+) -> Result<Option<JobId>, Error> {
+    let Some(key) = key else { return Ok(None) };
+    let id: Option<i64> =
+        sqlx::query_scalar("SELECT id FROM jobq.jobs WHERE kind = $1 AND idempotency_key = $2")
+            .bind(kind)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(id.map(JobId))
+}
+
+/// Inserts many jobs in one statement (UNNEST), in input order; duplicates by idempotency
+/// key (against existing rows or earlier in the batch) come back with the existing id.
+pub(crate) async fn job_insert_many(
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+) -> Result<Vec<Enqueued>, Error> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let n = jobs.len();
+    let mut kinds = Vec::with_capacity(n);
+    let mut queues = Vec::with_capacity(n);
+    let mut payloads = Vec::with_capacity(n);
+    let mut priorities = Vec::with_capacity(n);
+    let mut max_attempts = Vec::with_capacity(n);
+    let mut run_afters = Vec::with_capacity(n);
+    let mut delays = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    for j in jobs {
+        kinds.push(j.kind.as_str());
+        queues.push(j.queue.as_str());
+        payloads.push(j.payload.as_str());
+        priorities.push(j.priority);
+        max_attempts.push(j.max_attempts);
+        run_afters.push(j.run_after);
+        delays.push(j.delay_secs);
+        keys.push(j.idempotency_key.as_deref());
+    }
+    let rows = sqlx::query(
+        r#"
+        WITH input AS (
+            -- Ids are drawn up front so each input row knows its own; a duplicate's
+            -- drawn id is simply never used.
+            SELECT t.*, nextval('jobq.jobs_id_seq') AS new_id
+            FROM unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::int4[],
+                        $6::timestamptz[], $7::float8[], $8::text[])
+                 WITH ORDINALITY AS t(kind, queue, payload, priority, max_attempts,
+                                      run_after, delay, idempotency_key, ord)
+        ),
+        ins AS (
+            INSERT INTO jobq.jobs
+                (id, kind, queue, payload, priority, max_attempts, run_after, idempotency_key)
+            SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts,
+                   coalesce(run_after, now() + make_interval(secs => coalesce(delay, 0))),
+                   idempotency_key
+            FROM input ORDER BY ord
+            ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            RETURNING id, kind, idempotency_key, queue, run_after
+        ),
+        wake AS (
+            SELECT pg_notify($9, q.queue)
+            FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q
+        )
+        SELECT i.ord,
+               coalesce(n.id, dup.id) AS id,
+               (n.id IS NULL) AS duplicate,
+               (SELECT count(*) FROM wake) AS woke
+        FROM input i
+        LEFT JOIN ins n ON n.id = i.new_id
+        LEFT JOIN LATERAL (
+            SELECT coalesce(
+                (SELECT x.id FROM ins x
+                 WHERE x.kind = i.kind AND x.idempotency_key = i.idempotency_key),
+                (SELECT j.id FROM jobq.jobs j
+                 WHERE j.kind = i.kind AND j.idempotency_key = i.idempotency_key)
+            ) AS id
+            WHERE i.idempotency_key IS NOT NULL
+        ) dup ON n.id IS NULL
+        ORDER BY i.ord
+        "#,
+    )
+    .bind(&kinds)
+    .bind(&queues)
+    .bind(&payloads)
+    .bind(&priorities)
+    .bind(&max_attempts)
+    .bind(&run_afters)
+    .bind(&delays)
+    .bind(&keys)
+    .bind(NOTIFY_CHANNEL)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut out = Vec::with_capacity(n);
+    for (job, row) in jobs.iter().zip(rows) {
+        let id: Option<i64> = row.try_get("id")?;
+        let duplicate: bool = row.try_get("duplicate")?;
+        let id = match id {
+            Some(id) => JobId(id),
+            // Committed concurrently after our snapshot: look again.
+            None => job_find_by_key(conn, &job.kind, job.idempotency_key.as_deref())
+                .await?
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "idempotency_conflict",
+                        format!(
+                            "job of kind `{}` conflicted on its idempotency key, but the existing row is not visible",
+                            job.kind
+                        ),
+                    )
+                })?,
+        };
+        out.push(Enqueued { id, duplicate });
+    }
+    Ok(out)
+}
+
+/// A job as claimed by one attempt. `(id, attempt)` is the attempt's fencing token.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimedJob {
+    pub(crate) id: i64,
+    pub(crate) attempt: i32,
+    pub(crate) max_attempts: i32,
+    pub(crate) kind: String,
+    pub(crate) queue: String,
+    pub(crate) payload: serde_json::Value,
+    pub(crate) priority: i16,
+    pub(crate) created_at: DateTime<Utc>,
+}
+
+/// What one claim asks for.
+#[derive(Debug)]
+pub(crate) struct ClaimParams<'a> {
+    pub(crate) queue: &'a str,
+    /// Kinds this worker serves, with each kind's lease in seconds (same order).
+    pub(crate) kinds: &'a [String],
+    pub(crate) lease_secs: &'a [f64],
+    pub(crate) limit: i64,
+    pub(crate) worker: &'a str,
+    pub(crate) now: Option<DateTime<Utc>>,
+}
+
+/// Claims up to `limit` due jobs of `queue` in one statement: the candidates are locked in
+/// a MATERIALIZED CTE (`FOR UPDATE SKIP LOCKED LIMIT n`, so the planner cannot update more
+/// rows than the limit), then moved to `running` with `attempts + 1` and a lease.
+pub(crate) async fn job_claim(
+    conn: &mut PgConnection,
+    p: &ClaimParams<'_>,
+) -> Result<Vec<ClaimedJob>, Error> {
+    let rows = sqlx::query(
+        r#"
+        WITH served AS (
+            SELECT * FROM unnest($2::text[], $3::float8[]) AS s(kind, lease)
+        ),
+        candidates AS MATERIALIZED (
+            SELECT j.id FROM jobq.jobs j
+            WHERE j.state = 'pending' AND j.queue = $1
+              AND j.run_after <= coalesce($6, now())
+              AND j.kind = ANY($2)
+            ORDER BY j.priority, j.run_after, j.id
+            LIMIT $4
+            FOR UPDATE SKIP LOCKED
+        )
+        UPDATE jobq.jobs j
+        SET state = 'running',
+            attempts = j.attempts + 1,
+            locked_until = now() + make_interval(secs => s.lease),
+            locked_by = $5,
+            started_at = coalesce($6, now())
+        FROM candidates c, served s
+        WHERE j.id = c.id AND s.kind = j.kind
+        RETURNING j.id, j.attempts, j.max_attempts, j.kind, j.queue, j.payload, j.priority,
+                  j.created_at
+        "#,
+    )
+    .bind(p.queue)
+    .bind(p.kinds)
+    .bind(p.lease_secs)
+    .bind(p.limit)
+    .bind(p.worker)
+    .bind(p.now)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut jobs = Vec::with_capacity(rows.len());
+    for row in rows {
+        jobs.push(ClaimedJob {
+            id: row.try_get("id")?,
+            attempt: row.try_get("attempts")?,
+            max_attempts: row.try_get("max_attempts")?,
+            kind: row.try_get("kind")?,
+            queue: row.try_get("queue")?,
+            payload: row.try_get("payload")?,
+            priority: row.try_get("priority")?,
+            created_at: row.try_get("created_at")?,
+        });
+    }
+    // Oldest first, as the queue's order says; UPDATE … RETURNING keeps no order.
+    jobs.sort_by_key(|j| (j.priority, j.id));
+    Ok(jobs)
+}
+
+/// What a fenced write found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FenceResult {
+    /// The attempt held the job; the write was applied.
+    Applied,
+    /// The attempt had already completed the job itself (in its own transaction).
+    AlreadyDone,
+    /// Another attempt, the reaper, or an operator owns the job now; nothing changed.
+    Stale,
+}
+
+/// Marks jobs `done` in one statement, each fenced by `(id, attempt)`. Returns one result
+/// per input, in order.
+pub(crate) async fn job_complete_many(
+    conn: &mut PgConnection,
+    fences: &[(i64, i32)],
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<FenceResult>, Error> {
+    let ids: Vec<i64> = fences.iter().map(|f| f.0).collect();
+    let attempts: Vec<i32> = fences.iter().map(|f| f.1).collect();
+    let rows = sqlx::query(
+        r#"
+        WITH input AS (
+            SELECT * FROM unnest($1::bigint[], $2::int4[]) WITH ORDINALITY AS t(id, attempt, ord)
+        ),
+        upd AS (
+            UPDATE jobq.jobs j
+            SET state = 'done', finished_at = coalesce($3, now()),
+                locked_until = NULL, locked_by = NULL
+            FROM input i
+            WHERE j.id = i.id AND j.attempts = i.attempt AND j.state = 'running'
+            RETURNING j.id
+        )
+        SELECT i.ord, (u.id IS NOT NULL) AS applied,
+               (j.state = 'done' AND j.attempts = i.attempt) AS already_done
+        FROM input i
+        LEFT JOIN upd u ON u.id = i.id
+        LEFT JOIN jobq.jobs j ON j.id = i.id
+        ORDER BY i.ord
+        "#,
+    )
+    .bind(&ids)
+    .bind(&attempts)
+    .bind(now)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let applied: bool = row.try_get("applied")?;
+            let already: Option<bool> = row.try_get("already_done")?;
+            Ok(if applied {
+                FenceResult::Applied
+            } else if already == Some(true) {
+                FenceResult::AlreadyDone
+            } else {
+                FenceResult::Stale
+            })
+        })
+        .collect()
+}
+
+/// One failed attempt to record.
+#[derive(Debug, Clone)]
+pub(crate) struct FailParams<'a> {
+    pub(crate) id: i64,
+    pub(crate) attempt: i32,
+    pub(crate) disposition: Disposition,
+    pub(crate) code: &'a str,
+    pub(crate) message: &'a str,
+    /// The backoff before the next attempt, if one is allowed.
+    pub(crate) delay_secs: f64,
+    pub(crate) now: Option<DateTime<Utc>>,
+}
+
+/// Records a failed attempt, fenced by `(id, attempt)`: back to `pending` with
+/// `run_after = now + delay` while attempts remain and the failure is retryable; `failed`
+/// when permanent or exhausted; `cancelled` when the job cancelled itself or an operator
+/// asked for it while it ran. Appends to the bounded `errors` history. Returns the new
+/// state, or `None` when the fence did not match.
+pub(crate) async fn job_fail(
+    conn: &mut PgConnection,
+    p: &FailParams<'_>,
+) -> Result<Option<String>, Error> {
+    let state: Option<String> = sqlx::query_scalar(
+        r#"
+        WITH cur AS (
+            SELECT id,
+                   CASE WHEN cancel_requested OR $3 = 'cancel' THEN 'cancelled'
+                        WHEN $3 = 'permanent' OR attempts >= max_attempts THEN 'failed'
+                        ELSE 'pending' END AS next_state,
+                   coalesce($7, now()) AS at
+            FROM jobq.jobs
+            WHERE id = $1 AND attempts = $2 AND state = 'running'
+        )
+        UPDATE jobq.jobs j
+        SET state = cur.next_state,
+            run_after = CASE WHEN cur.next_state = 'pending'
+                             THEN cur.at + make_interval(secs => $6) ELSE j.run_after END,
+            locked_until = NULL,
+            locked_by = NULL,
+            last_error_code = $4,
+            last_error = $5,
+            first_failed_at = coalesce(j.first_failed_at, cur.at),
+            last_failed_at = cur.at,
+            finished_at = CASE WHEN cur.next_state = 'pending' THEN NULL ELSE cur.at END,
+            errors = (CASE WHEN jsonb_array_length(j.errors) >= $8
+                           THEN j.errors - 0 ELSE j.errors END)
+                     || jsonb_build_array(jsonb_build_object(
+                            'attempt', j.attempts, 'at', cur.at, 'code', $4,
+                            'message', $5, 'disposition', $3))
+        FROM cur
+        WHERE j.id = cur.id AND j.attempts = $2 AND j.state = 'running'
+        RETURNING j.state
+        "#,
+    )
+    .bind(p.id)
+    .bind(p.attempt)
+    .bind(p.disposition.as_str())
+    .bind(p.code)
+    .bind(truncate_message(p.message))
+    .bind(p.delay_secs)
+    .bind(p.now)
+    .bind(ERROR_HISTORY_LEN)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(state)
+}
+
+/// Gives a running job back to `pending` at once (graceful shutdown): the interrupted
+/// attempt is not counted, so `attempts` goes back by one. Fenced by `(id, attempt)`.
+/// Returns whether it applied.
+pub(crate) async fn job_hand_back(
+    conn: &mut PgConnection,
+    id: i64,
+    attempt: i32,
+) -> Result<bool, Error> {
+    let done = sqlx::query(
+        r#"
+        UPDATE jobq.jobs
+        SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END,
+            finished_at = CASE WHEN cancel_requested THEN now() ELSE NULL END,
+            attempts = attempts - 1, run_after = now(),
+            locked_until = NULL, locked_by = NULL
+        WHERE id = $1 AND attempts = $2 AND state = 'running'
+        "#,
+    )
+    .bind(id)
+    .bind(attempt)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}

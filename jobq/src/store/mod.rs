@@ -1,0 +1,129 @@
+//! Every SQL statement jobq issues, one function each, named `noun_verb`.
+//!
+//! Nothing outside this module talks to the database. Functions take the narrowest
+//! executor they need (`&mut PgConnection` or `&PgPool`), never commit a transaction they
+//! did not open, and take "now" as a parameter (`coalesce($n, now())`) where the clock
+//! matters, so tests can move time without sleeping. `None` means the database's clock.
+
+mod effects;
+mod jobs;
+mod lease;
+
+pub(crate) use effects::*;
+pub(crate) use jobs::*;
+pub(crate) use lease::*;
+pub use lease::ReapReport;
+
+use chrono::{DateTime, Utc};
+
+use crate::error::Error;
+use crate::job::{MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN};
+
+/// The NOTIFY channel enqueue wakes producers on; the payload is the queue name.
+pub(crate) const NOTIFY_CHANNEL: &str = "jobq_insert";
+
+/// How many entries of `jobs.errors` are kept; older ones are dropped.
+pub(crate) const ERROR_HISTORY_LEN: i32 = 20;
+
+/// The longest error message stored; longer ones are cut.
+pub(crate) const MAX_ERROR_MESSAGE_LEN: usize = 4000;
+
+/// A validated job ready for insertion.
+#[derive(Debug, Clone)]
+pub(crate) struct NewJob {
+    pub(crate) kind: String,
+    pub(crate) queue: String,
+    /// Serialized JSON.
+    pub(crate) payload: String,
+    pub(crate) priority: i16,
+    pub(crate) max_attempts: i32,
+    pub(crate) run_after: Option<DateTime<Utc>>,
+    pub(crate) delay_secs: Option<f64>,
+    pub(crate) idempotency_key: Option<String>,
+}
+
+impl NewJob {
+    /// Rejects what the database would reject, with a stable code instead of a
+    /// constraint name.
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        validate_name("kind", &self.kind, MAX_KIND_LEN)?;
+        validate_name("queue", &self.queue, MAX_QUEUE_LEN)?;
+        if self.payload.len() > MAX_PAYLOAD_BYTES {
+            return Err(Error::invalid(
+                "payload_too_large",
+                format!(
+                    "payload of kind `{}` is {} bytes; the limit is {} bytes (store large data elsewhere and enqueue a reference)",
+                    self.kind,
+                    self.payload.len(),
+                    MAX_PAYLOAD_BYTES
+                ),
+            ));
+        }
+        if self.max_attempts < 1 {
+            return Err(Error::invalid(
+                "invalid_max_attempts",
+                format!("max_attempts must be at least 1, got {}", self.max_attempts),
+            ));
+        }
+        if let Some(key) = &self.idempotency_key {
+            if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN {
+                return Err(Error::invalid(
+                    "invalid_idempotency_key",
+                    format!(
+                        "idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes, got {}",
+                        key.len()
+                    ),
+                ));
+            }
+        }
+        if let Some(at) = self.run_after {
+            // PostgreSQL's timestamptz ends in 294276 AD; chrono's range is wider.
+            let year = chrono::Datelike::year(&at);
+            if !(-4713..=294_000).contains(&year) {
+                return Err(Error::invalid(
+                    "run_after_out_of_range",
+                    format!("run_after {at} is outside the range PostgreSQL can store"),
+                ));
+            }
+        }
+        if let Some(d) = self.delay_secs {
+            // About 1,000 years: far beyond any sane delay, far inside interval's range.
+            if !d.is_finite() || !(0.0..=3.2e10).contains(&d) {
+                return Err(Error::invalid(
+                    "run_after_out_of_range",
+                    format!("delay of {d} seconds is out of range"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn validate_name(what: &str, name: &str, max: usize) -> Result<(), Error> {
+    let code = match what {
+        "kind" => "invalid_kind",
+        _ => "invalid_queue",
+    };
+    if name.trim().is_empty() {
+        return Err(Error::invalid(code, format!("{what} must not be empty")));
+    }
+    if name.len() > max {
+        return Err(Error::invalid(
+            code,
+            format!("{what} `{name}` is {} bytes; the limit is {max}", name.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Cuts `message` to [`MAX_ERROR_MESSAGE_LEN`] bytes on a character boundary.
+pub(crate) fn truncate_message(message: &str) -> &str {
+    if message.len() <= MAX_ERROR_MESSAGE_LEN {
+        return message;
+    }
+    let mut end = MAX_ERROR_MESSAGE_LEN;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    &message[..end]
+}
