@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{Acquire, PgPool, Postgres};
+use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::job::JobId;
+use crate::job::{Conn, JobId};
 use crate::store;
 
 /// The context of one attempt: its job's identity, its attempt number, a cancellation
@@ -220,11 +220,12 @@ impl JobContext {
     ///
     /// [`Error::LeaseLost`] if this attempt no longer holds its job (roll back: a newer
     /// attempt owns the job now); [`Error::Database`] on a database error.
-    pub async fn effect_once<'c, A>(&self, conn: A, key: &str) -> Result<bool, Error>
-    where
-        A: Acquire<'c, Database = Postgres> + Send,
-    {
-        let mut conn = conn.acquire().await?;
+    pub async fn effect_once<'c>(
+        &self,
+        conn: impl Into<Conn<'c>>,
+        key: &str,
+    ) -> Result<bool, Error> {
+        let mut conn = conn.into().acquire().await?;
         let (id, attempt) = self.fence();
         if self.inner.lease.is_some() && !store::job_fence_check(&mut conn, id, attempt).await? {
             return Err(self.lease_lost());
@@ -240,14 +241,11 @@ impl JobContext {
     ///
     /// [`Error::LeaseLost`] if this attempt no longer holds its job (roll back);
     /// [`Error::Database`] on a database error.
-    pub async fn complete_in_tx<'c, A>(&self, conn: A) -> Result<(), Error>
-    where
-        A: Acquire<'c, Database = Postgres> + Send,
-    {
+    pub async fn complete_in_tx<'c>(&self, conn: impl Into<Conn<'c>>) -> Result<(), Error> {
         if self.inner.lease.is_none() {
             return Ok(());
         }
-        let mut conn = conn.acquire().await?;
+        let mut conn = conn.into().acquire().await?;
         let (id, attempt) = self.fence();
         if store::job_complete_in_tx(&mut conn, id, attempt).await? {
             Ok(())

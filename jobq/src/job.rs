@@ -1,7 +1,7 @@
 //! The [`Job`] trait, job ids, and enqueueing (one job, a builder with options, a batch).
 //!
-//! Enqueue takes anything sqlx can [`Acquire`] a Postgres connection from: `&mut tx` (the
-//! job exists exactly when `tx` commits), `&pool`, or `&mut PgConnection`.
+//! Enqueue takes a [`Conn`]: `&mut tx` (the job exists exactly when `tx` commits),
+//! `&pool`, or `&mut PgConnection`.
 
 use std::fmt;
 use std::future::Future;
@@ -11,7 +11,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sqlx::{Acquire, Postgres};
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::context::JobContext;
 use crate::error::{Classify, Error};
@@ -106,12 +107,11 @@ pub trait Job: Send + Sync + 'static {
     /// [`Error::Invalid`] when the job is rejected before reaching the database (payload
     /// over [`MAX_PAYLOAD_BYTES`], a bad kind or queue name), [`Error::Serialize`] when the
     /// args do not serialize, [`Error::Database`] when the insert fails.
-    fn enqueue<'c, A>(
-        conn: A,
+    fn enqueue<'c>(
+        conn: impl Into<Conn<'c>>,
         args: Self::Args,
     ) -> impl Future<Output = Result<Enqueued, Error>> + Send
     where
-        A: Acquire<'c, Database = Postgres> + Send,
         Self: Sized,
     {
         Self::with(args).enqueue(conn)
@@ -130,12 +130,11 @@ pub trait Job: Send + Sync + 'static {
     /// # Errors
     ///
     /// As [`Job::enqueue`]; nothing is inserted if any job is rejected.
-    fn enqueue_many<'c, A, I>(
-        conn: A,
+    fn enqueue_many<'c, I>(
+        conn: impl Into<Conn<'c>>,
         args: I,
     ) -> impl Future<Output = Result<Vec<Enqueued>, Error>> + Send
     where
-        A: Acquire<'c, Database = Postgres> + Send,
         I: IntoIterator<Item = Self::Args>,
         Self: Sized,
     {
@@ -143,6 +142,7 @@ pub trait Job: Send + Sync + 'static {
             .into_iter()
             .map(|a| EnqueueBuilder::<Self>::new(a).into_new_job())
             .collect();
+        let conn = conn.into();
         async move {
             let jobs = prepared?;
             let mut conn = conn.acquire().await?;
@@ -258,11 +258,12 @@ impl<J: Job> EnqueueBuilder<J> {
     /// # Errors
     ///
     /// As [`Job::enqueue`].
-    pub fn enqueue<'c, A>(self, conn: A) -> impl Future<Output = Result<Enqueued, Error>> + Send
-    where
-        A: Acquire<'c, Database = Postgres> + Send,
-    {
+    pub fn enqueue<'c>(
+        self,
+        conn: impl Into<Conn<'c>>,
+    ) -> impl Future<Output = Result<Enqueued, Error>> + Send {
         let prepared = self.into_new_job();
+        let conn = conn.into();
         async move {
             let job = prepared?;
             let mut conn = conn.acquire().await?;
@@ -295,5 +296,82 @@ impl<J: Job> EnqueueBuilder<J> {
         };
         job.validate()?;
         Ok(job)
+    }
+}
+
+/// Where a jobq statement runs: a pool (one statement, its own implicit transaction), or
+/// a connection — typically the caller's open transaction, so the write commits or rolls
+/// back with it.
+///
+/// Every jobq function that writes on the caller's behalf takes `impl Into<Conn>`, so all
+/// of these work: `&pool`, `&mut tx` (a `sqlx::Transaction<'_, Postgres>`), `&mut *tx`,
+/// `&mut conn` (a `PoolConnection<Postgres>`) and `&mut *conn` (a `PgConnection`).
+/// (A concrete type rather than a generic `sqlx::Acquire` bound: the latter's
+/// higher-ranked lifetime makes futures that use it fail to be `Send` inside spawned
+/// tasks, with the error "implementation of `Acquire` is not general enough".)
+#[derive(Debug)]
+pub enum Conn<'c> {
+    /// Acquire a connection from this pool for the statement.
+    Pool(&'c PgPool),
+    /// Run on this connection (inside whatever transaction it has open).
+    Connection(&'c mut PgConnection),
+}
+
+impl<'c> From<&'c PgPool> for Conn<'c> {
+    fn from(pool: &'c PgPool) -> Self {
+        Conn::Pool(pool)
+    }
+}
+
+impl<'c> From<&'c mut PgConnection> for Conn<'c> {
+    fn from(conn: &'c mut PgConnection) -> Self {
+        Conn::Connection(conn)
+    }
+}
+
+impl<'c> From<&'c mut Transaction<'_, Postgres>> for Conn<'c> {
+    fn from(tx: &'c mut Transaction<'_, Postgres>) -> Self {
+        Conn::Connection(&mut *tx)
+    }
+}
+
+impl<'c> From<&'c mut PoolConnection<Postgres>> for Conn<'c> {
+    fn from(conn: &'c mut PoolConnection<Postgres>) -> Self {
+        Conn::Connection(&mut *conn)
+    }
+}
+
+impl<'c> Conn<'c> {
+    /// The connection to run on: the one given, or one acquired from the pool.
+    pub(crate) async fn acquire(self) -> Result<HeldConn<'c>, sqlx::Error> {
+        match self {
+            Conn::Pool(pool) => Ok(HeldConn::Owned(pool.acquire().await?)),
+            Conn::Connection(conn) => Ok(HeldConn::Borrowed(conn)),
+        }
+    }
+}
+
+/// A connection for one jobq call: owned when it came from a pool.
+pub(crate) enum HeldConn<'c> {
+    Owned(PoolConnection<Postgres>),
+    Borrowed(&'c mut PgConnection),
+}
+
+impl std::ops::Deref for HeldConn<'_> {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        match self {
+            HeldConn::Owned(c) => c,
+            HeldConn::Borrowed(c) => c,
+        }
+    }
+}
+
+impl std::ops::DerefMut for HeldConn<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match self {
+            HeldConn::Owned(c) => c,
+            HeldConn::Borrowed(c) => c,
+        }
     }
 }

@@ -64,7 +64,7 @@ mod store;
 pub use context::JobContext;
 pub use error::{Classification, Classify, Disposition, Error, JobError};
 pub use job::{
-    EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN,
+    Conn, EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN,
     MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN,
 };
 pub use migrate::{MIGRATIONS, Migration, migrate};

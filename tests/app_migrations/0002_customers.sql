@@ -1,0 +1,1 @@
+CREATE TABLE customers (id bigint PRIMARY KEY, email text NOT NULL);

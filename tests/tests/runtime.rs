@@ -1,0 +1,758 @@
+//! The runtime against a real PostgreSQL: concurrent runtimes, the retry schedule,
+//! classified built-in failures, leases that expire under a running handler, graceful
+//! shutdown, and wake-ups that survive a lost LISTEN connection.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use jobq::{Job, JobContext, JobError, RetryPolicy, Runtime};
+use jobq_testing::TestDatabase;
+use sqlx::PgPool;
+use tests::{N, eventually, init_tracing};
+
+/// Records every execution in a side table, so a test can count executions per job.
+struct Record;
+
+impl Job for Record {
+    const KIND: &'static str = "record";
+    type Args = N;
+    type Error = JobError;
+    async fn run(ctx: JobContext, args: N) -> Result<(), JobError> {
+        let pool = POOLS.get(ctx.queue());
+        sqlx::query("INSERT INTO executions (job_id, attempt, n) VALUES ($1, $2, $3)")
+            .bind(ctx.id().0)
+            .bind(ctx.attempt() as i32)
+            .bind(args.n)
+            .execute(&pool)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Handlers need a pool to reach the side table; tests register theirs by queue name.
+struct PoolMap(std::sync::Mutex<std::collections::HashMap<String, PgPool>>);
+impl PoolMap {
+    fn get(&self, queue: &str) -> PgPool {
+        self.0.lock().unwrap()[queue].clone()
+    }
+    fn set(&self, queue: &str, pool: &PgPool) {
+        self.0.lock().unwrap().insert(queue.to_owned(), pool.clone());
+    }
+}
+static POOLS: std::sync::LazyLock<PoolMap> =
+    std::sync::LazyLock::new(|| PoolMap(Default::default()));
+
+async fn side_table(pool: &PgPool) {
+    sqlx::query("CREATE TABLE executions (job_id bigint NOT NULL, attempt int NOT NULL, n bigint NOT NULL)")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+async fn states(pool: &PgPool) -> Vec<(String, i64)> {
+    sqlx::query_as("SELECT state, count(*) FROM jobq.jobs GROUP BY state ORDER BY state")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_runtimes_drain_5000_jobs_each_exactly_once() -> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::with_max_connections(10).await?;
+    side_table(db.pool()).await;
+    let queue = format!("q{}", db.name());
+    POOLS.set(&queue, db.pool());
+
+    let mut handles = Vec::new();
+    for i in 0..3 {
+        let pool = db.new_pool(8).await?;
+        let rt = Runtime::builder(pool)
+            .auto_register(false)
+            .register::<Record>()
+            .queue(queue.clone(), 8)
+            .worker_id(format!("worker-{i}"))
+            .poll_interval(Duration::from_millis(200))
+            .build()?;
+        handles.push(rt.start().await?);
+    }
+    // Enqueue while the runtimes are already competing, in batches and one by one.
+    for chunk in 0..49 {
+        Record::enqueue_many(
+            db.pool(),
+            (0..100).map(|k| N { n: chunk * 100 + k }),
+        )
+        .await?;
+    }
+    for n in 4900..5000 {
+        Record::with(N { n }).queue(queue.clone()).enqueue(db.pool()).await?;
+    }
+    // enqueue_many used the kind's default queue; move those to the served queue.
+    sqlx::query("UPDATE jobq.jobs SET queue = $1 WHERE queue = 'default'")
+        .bind(&queue)
+        .execute(db.pool())
+        .await?;
+
+    let pool = db.pool().clone();
+    let drained = eventually(Duration::from_secs(120), || {
+        let pool = pool.clone();
+        async move {
+            let open: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM jobq.jobs WHERE state <> 'done'")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            open == 0
+        }
+    })
+    .await;
+    for h in handles {
+        h.shutdown().await;
+    }
+    assert!(drained, "not drained: {:?}", states(db.pool()).await);
+
+    let (jobs, executions, distinct, max_per_job): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM jobq.jobs),
+                (SELECT count(*) FROM executions),
+                (SELECT count(DISTINCT job_id) FROM executions),
+                (SELECT coalesce(max(c), 0) FROM (SELECT count(*) c FROM executions GROUP BY job_id) x)",
+    )
+    .fetch_one(db.pool())
+    .await?;
+    assert_eq!((jobs, executions, distinct, max_per_job), (5000, 5000, 5000, 1));
+    let workers: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT attempt) FROM executions", // every job ran on its first attempt
+    )
+    .fetch_one(db.pool())
+    .await?;
+    assert_eq!(workers, 1);
+    db.close().await;
+    Ok(())
+}
+
+/// Always fails retryably.
+struct Flaky;
+
+impl Job for Flaky {
+    const KIND: &'static str = "flaky";
+    const RETRY: RetryPolicy = RetryPolicy::exponential(4)
+        .base(Duration::from_secs(1))
+        .cap(Duration::from_secs(3))
+        .jitter(true);
+    type Args = N;
+    type Error = JobError;
+    async fn run(_ctx: JobContext, args: N) -> Result<(), JobError> {
+        Err(JobError::retryable(
+            "provider_unavailable",
+            format!("provider down for {}", args.n),
+        ))
+    }
+}
+
+/// Fails with a Retry-After of `n` seconds.
+struct Throttled;
+
+impl Job for Throttled {
+    const KIND: &'static str = "throttled";
+    type Args = N;
+    type Error = JobError;
+    async fn run(_ctx: JobContext, args: N) -> Result<(), JobError> {
+        Err(JobError::retryable("rate_limited", "slow down")
+            .retry_after(Duration::from_secs(args.n as u64)))
+    }
+}
+
+/// Fails permanently.
+struct Doomed;
+
+impl Job for Doomed {
+    const KIND: &'static str = "doomed";
+    type Args = N;
+    type Error = JobError;
+    async fn run(_ctx: JobContext, args: N) -> Result<(), JobError> {
+        Err(JobError::permanent("invoice_missing", format!("invoice {} not found", args.n)))
+    }
+}
+
+#[derive(sqlx::FromRow, Debug)]
+struct Row {
+    state: String,
+    attempts: i32,
+    run_after: DateTime<Utc>,
+    last_error_code: Option<String>,
+    last_error: Option<String>,
+    errors: serde_json::Value,
+    first_failed_at: Option<DateTime<Utc>>,
+    last_failed_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+}
+
+async fn row(pool: &PgPool, id: jobq::JobId) -> Row {
+    sqlx::query_as(
+        "SELECT state, attempts, run_after, last_error_code, last_error, errors, first_failed_at,
+                last_failed_at, finished_at FROM jobq.jobs WHERE id = $1",
+    )
+    .bind(id.0)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn retry_schedule_backoff_cap_retry_after_permanent_and_exhaustion() -> anyhow::Result<()> {
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let rt = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Flaky>()
+        .register::<Throttled>()
+        .register::<Doomed>()
+        .build()?;
+    let flaky = Flaky::enqueue(pool, N { n: 1 }).await?;
+    let throttled = Throttled::enqueue(pool, N { n: 42 }).await?;
+    let doomed = Doomed::enqueue(pool, N { n: 7 }).await?;
+
+    let mut now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    // Bounds of the delay after attempts 1, 2, 3: base 1 s doubling, equal jitter, cap 3 s.
+    let bounds = [(500, 1000), (1000, 2000), (1500, 3000)];
+    for (attempt, (lo, hi)) in (1..=3).zip(bounds) {
+        let report = rt.drain(Some(now)).await?;
+        assert!(report.attempts.iter().any(|a| a.id == flaky.id && a.attempt == attempt));
+        let r = row(pool, flaky.id).await;
+        assert_eq!((r.state.as_str(), r.attempts), ("pending", attempt as i32));
+        assert_eq!(r.last_error_code.as_deref(), Some("provider_unavailable"));
+        assert_eq!(r.last_error.as_deref(), Some("provider down for 1"));
+        let delay = (r.run_after - now).num_milliseconds();
+        assert!((lo..=hi).contains(&delay), "attempt {attempt}: delay {delay} ms not in [{lo}, {hi}]");
+        assert_eq!(r.last_failed_at, Some(now));
+        now = r.run_after;
+    }
+    // The fourth attempt is the last one: exhausted, terminal.
+    rt.drain(Some(now)).await?;
+    let r = row(pool, flaky.id).await;
+    assert_eq!((r.state.as_str(), r.attempts), ("failed", 4));
+    assert_eq!(r.errors.as_array().map(Vec::len), Some(4));
+    assert_eq!(r.errors[3]["attempt"], 4);
+    assert_eq!(r.errors[0]["code"], "provider_unavailable");
+    assert!(r.first_failed_at < r.last_failed_at);
+    assert_eq!(r.finished_at, r.last_failed_at);
+
+    // Retry-After wins over the policy: exactly 42 s after the failure.
+    let t = row(pool, throttled.id).await;
+    assert_eq!(t.state, "pending");
+    assert_eq!(t.last_error_code.as_deref(), Some("rate_limited"));
+    assert_eq!((t.run_after - t.last_failed_at.unwrap()).num_seconds(), 42);
+
+    // Permanent: failed after one attempt, never retried.
+    let d = row(pool, doomed.id).await;
+    assert_eq!((d.state.as_str(), d.attempts), ("failed", 1));
+    assert_eq!(d.last_error_code.as_deref(), Some("invoice_missing"));
+    assert!(d.finished_at.is_some());
+    db.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn error_history_is_bounded() -> anyhow::Result<()> {
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let rt = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Throttled>()
+        .build()?;
+    let job = Throttled::with(N { n: 0 }).max_attempts(30).enqueue(pool).await?;
+    // Retry-After 0: every drain pass retries at once.
+    rt.drain(None).await?;
+    let r = row(pool, job.id).await;
+    assert_eq!((r.state.as_str(), r.attempts), ("failed", 30));
+    let errors = r.errors.as_array().unwrap();
+    assert_eq!(errors.len(), 20, "history keeps the last 20 entries");
+    assert_eq!(errors[0]["attempt"], 11);
+    assert_eq!(errors[19]["attempt"], 30);
+    db.close().await;
+    Ok(())
+}
+
+/// Panics.
+struct Panics;
+impl Job for Panics {
+    const KIND: &'static str = "panics";
+    const RETRY: RetryPolicy = RetryPolicy::exponential(3);
+    type Args = N;
+    type Error = JobError;
+    async fn run(_ctx: JobContext, args: N) -> Result<(), JobError> {
+        if args.n >= 0 {
+            panic!("boom {}", args.n);
+        }
+        Ok(())
+    }
+}
+
+/// Sleeps past its timeout.
+struct Slow;
+impl Job for Slow {
+    const KIND: &'static str = "slow";
+    const TIMEOUT: Option<Duration> = Some(Duration::from_millis(100));
+    type Args = N;
+    type Error = JobError;
+    async fn run(_ctx: JobContext, args: N) -> Result<(), JobError> {
+        tokio::time::sleep(Duration::from_secs(args.n as u64)).await;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panic_timeout_and_undecodable_payload_are_classified_and_the_runtime_keeps_serving()
+-> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    side_table(pool).await;
+    let queue = format!("q{}", db.name());
+    POOLS.set(&queue, pool);
+    let handle = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Panics>()
+        .register::<Slow>()
+        .register::<Record>()
+        .queue(queue.clone(), 4)
+        .build()?
+        .start()
+        .await?;
+    let panics = Panics::with(N { n: 1 }).queue(queue.clone()).enqueue(pool).await?;
+    let slow = Slow::with(N { n: 30 }).queue(queue.clone()).enqueue(pool).await?;
+    // A payload written by an older version of the code: it no longer decodes.
+    let undecodable: i64 = sqlx::query_scalar(
+        "INSERT INTO jobq.jobs (kind, queue, payload) VALUES ('record', $1, '{\"number\": \"seven\"}') RETURNING id",
+    )
+    .bind(&queue)
+    .fetch_one(pool)
+    .await?;
+    let healthy = Record::with(N { n: 5 }).queue(queue.clone()).enqueue(pool).await?;
+
+    let p = pool.clone();
+    let ids = [panics.id.0, slow.id.0, undecodable, healthy.id.0];
+    let settled = eventually(Duration::from_secs(20), || {
+        let p = p.clone();
+        async move {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM jobq.jobs WHERE id = ANY($1) AND (state IN ('done', 'failed') OR (state = 'pending' AND attempts > 0))",
+            )
+            .bind(&ids[..])
+            .fetch_one(&p)
+            .await
+            .unwrap();
+            n == 4
+        }
+    })
+    .await;
+    assert!(settled, "{:?}", states(pool).await);
+
+    let r = row(pool, panics.id).await;
+    assert_eq!(r.last_error_code.as_deref(), Some("panic"));
+    assert!(r.last_error.unwrap().contains("boom 1"));
+    assert!(r.state == "pending" || r.state == "failed");
+
+    let r = row(pool, slow.id).await;
+    assert_eq!(r.last_error_code.as_deref(), Some("timeout"));
+    assert_eq!(r.state, "pending", "a timeout is retryable");
+
+    let r = row(pool, jobq::JobId(undecodable)).await;
+    assert_eq!((r.state.as_str(), r.attempts), ("failed", 1));
+    assert_eq!(r.last_error_code.as_deref(), Some("decode"));
+    let payload: serde_json::Value =
+        sqlx::query_scalar("SELECT payload FROM jobq.jobs WHERE id = $1")
+            .bind(undecodable)
+            .fetch_one(pool)
+            .await?;
+    assert_eq!(payload, serde_json::json!({"number": "seven"}), "payload kept for inspection");
+
+    assert_eq!(tests::job_state(pool, healthy.id).await.0, "done");
+    // Still serving after all of that.
+    let later = Record::with(N { n: 6 }).queue(queue.clone()).enqueue(pool).await?;
+    let p = pool.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let p = p.clone();
+            async move { tests::job_state(&p, later.id).await.0 == "done" }
+        })
+        .await
+    );
+    handle.shutdown().await;
+    db.close().await;
+    Ok(())
+}
+
+/// The first attempt hangs with its heartbeats stopped, as a paused process's would; a
+/// task it spawned tries to complete the job late.
+struct Hangs;
+
+static HANG_DROPPED: AtomicBool = AtomicBool::new(false);
+static HANG_SECOND_SAW_DROP: AtomicBool = AtomicBool::new(false);
+static LATE_RESULT: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+struct SetOnDrop;
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        HANG_DROPPED.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Job for Hangs {
+    const KIND: &'static str = "hangs";
+    const LEASE: Duration = Duration::from_secs(1);
+    type Args = N;
+    type Error = JobError;
+    async fn run(ctx: JobContext, _args: N) -> Result<(), JobError> {
+        let pool = POOLS.get(ctx.queue());
+        if ctx.attempt() == 1 {
+            let _guard = SetOnDrop;
+            let late = ctx.clone();
+            let late_pool = pool.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+                let mut tx = late_pool.begin().await.unwrap();
+                let effect = late.effect_once(&mut tx, "hangs-effect").await;
+                let done = late.complete_in_tx(&mut tx).await;
+                tx.commit().await.unwrap();
+                *LATE_RESULT.lock().unwrap() = Some(format!(
+                    "{}/{}",
+                    effect.map_err(|e| e.code()).err().unwrap_or("ok"),
+                    done.map_err(|e| e.code()).err().unwrap_or("ok"),
+                ));
+            });
+            std::future::pending::<()>().await;
+            unreachable!();
+        }
+        HANG_SECOND_SAW_DROP.store(HANG_DROPPED.load(Ordering::SeqCst), Ordering::SeqCst);
+        let mut tx = pool.begin().await?;
+        assert!(ctx.effect_once(&mut tx, "hangs-effect").await?);
+        ctx.complete_in_tx(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expiring_under_a_running_handler_is_rescued_and_the_late_attempt_changes_nothing()
+-> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let queue = format!("q{}", db.name());
+    POOLS.set(&queue, pool);
+    // Worker A: heartbeats effectively stopped, no reaper.
+    let a = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Hangs>()
+        .queue(queue.clone(), 1)
+        .worker_id("worker-a")
+        .heartbeat_interval(Duration::from_secs(3600))
+        .reaper(None)
+        .build()?
+        .start()
+        .await?;
+    let job = Hangs::with(N { n: 0 }).queue(queue.clone()).enqueue(pool).await?;
+    let p = pool.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let p = p.clone();
+            async move { tests::job_state(&p, job.id).await.0 == "running" }
+        })
+        .await
+    );
+    // Worker B: a reaper every 100 ms.
+    let b = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Hangs>()
+        .queue(queue.clone(), 1)
+        .worker_id("worker-b")
+        .poll_interval(Duration::from_millis(100))
+        .reaper(Some(jobq::maintenance::ReaperConfig {
+            interval: Duration::from_millis(100),
+            ..Default::default()
+        }))
+        .build()?
+        .start()
+        .await?;
+    let p = pool.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let p = p.clone();
+            async move { tests::job_state(&p, job.id).await.0 == "done" }
+        })
+        .await
+    );
+    // Wait for the first attempt's late writes.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            LATE_RESULT.lock().unwrap().is_some()
+        })
+        .await
+    );
+    assert_eq!(
+        LATE_RESULT.lock().unwrap().as_deref(),
+        Some("lease_lost/lease_lost"),
+        "the stale attempt could neither record the effect nor complete the job"
+    );
+    assert!(HANG_SECOND_SAW_DROP.load(Ordering::SeqCst), "attempt 1 was dropped before attempt 2 started");
+    let (state, attempts) = tests::job_state(pool, job.id).await;
+    assert_eq!((state.as_str(), attempts), ("done", 2));
+    let effects: Vec<(i64, i32)> =
+        sqlx::query_as("SELECT job_id, attempt FROM jobq.job_effects WHERE effect_key = 'hangs-effect'")
+            .fetch_all(pool)
+            .await?;
+    assert_eq!(effects, vec![(job.id.0, 2)]);
+    let first: serde_json::Value = sqlx::query_scalar("SELECT errors->0 FROM jobq.jobs WHERE id = $1")
+        .bind(job.id.0)
+        .fetch_one(pool)
+        .await?;
+    assert_eq!(first["code"], "lease_expired");
+    a.shutdown().await;
+    b.shutdown().await;
+    db.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn reaper_fails_a_job_whose_last_attempt_lost_its_lease() -> anyhow::Result<()> {
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    // Two jobs abandoned mid-attempt by a crashed worker: one with attempts left, one without.
+    sqlx::query(
+        "INSERT INTO jobq.jobs (kind, payload, state, attempts, max_attempts, locked_until, locked_by)
+         VALUES ('x', '{}', 'running', 1, 3, now() - interval '1 second', 'dead-worker'),
+                ('x', '{}', 'running', 3, 3, now() - interval '1 second', 'dead-worker'),
+                ('x', '{}', 'running', 1, 3, now() + interval '1 hour', 'live-worker')",
+    )
+    .execute(pool)
+    .await?;
+    let reaper = jobq::maintenance::Reaper::new(pool.clone(), Default::default());
+    let report = reaper.run_once().await?;
+    assert_eq!((report.rescued, report.failed), (1, 1));
+    let rows: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT state, last_error_code, locked_by FROM jobq.jobs ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert_eq!(
+        rows,
+        vec![
+            ("pending".into(), Some("lease_expired".into()), None),
+            ("failed".into(), Some("lease_expired".into()), None),
+            ("running".into(), None, Some("live-worker".into())),
+        ]
+    );
+    // Running it again, or on many nodes at once, changes nothing more.
+    let again = tokio::join!(reaper.run_once(), reaper.run_once());
+    assert_eq!(again.0?.rescued + again.1?.rescued, 0);
+    db.close().await;
+    Ok(())
+}
+
+/// Sleeps `n` milliseconds, counting starts.
+struct Sleeper;
+static SLEEPER_STARTS: AtomicU32 = AtomicU32::new(0);
+impl Job for Sleeper {
+    const KIND: &'static str = "sleeper";
+    type Args = N;
+    type Error = JobError;
+    async fn run(_ctx: JobContext, args: N) -> Result<(), JobError> {
+        SLEEPER_STARTS.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(args.n as u64)).await;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_finishes_short_attempts_and_hands_back_long_ones() -> anyhow::Result<()>
+{
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let queue = format!("q{}", db.name());
+    let rt = || {
+        Runtime::builder(pool.clone())
+            .auto_register(false)
+            .register::<Sleeper>()
+            .queue(queue.clone(), 4)
+            .shutdown_timeout(Duration::from_millis(700))
+    };
+    let handle = rt().build()?.start().await?;
+    let short = Sleeper::with(N { n: 300 }).queue(queue.clone()).enqueue(pool).await?;
+    let long = Sleeper::with(N { n: 60_000 }).queue(queue.clone()).enqueue(pool).await?;
+    let p = pool.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let p = p.clone();
+            async move {
+                tests::job_state(&p, short.id).await.0 == "running"
+                    && tests::job_state(&p, long.id).await.0 == "running"
+            }
+        })
+        .await
+    );
+    let report = handle.shutdown().await;
+    assert_eq!(report.handed_back, 1);
+    assert_eq!(tests::job_state(pool, short.id).await, ("done".to_owned(), 1));
+    let (state, attempts, locked_by, due): (String, i32, Option<String>, bool) = sqlx::query_as(
+        "SELECT state, attempts, locked_by, run_after <= now() FROM jobq.jobs WHERE id = $1",
+    )
+    .bind(long.id.0)
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(
+        (state.as_str(), attempts, locked_by, due),
+        ("pending", 0, None, true),
+        "handed back at once, the interrupted attempt not counted"
+    );
+    // Another worker picks it up immediately, not after a lease expiry.
+    sqlx::query("UPDATE jobq.jobs SET payload = '{\"n\": 1}' WHERE id = $1")
+        .bind(long.id.0)
+        .execute(pool)
+        .await?;
+    let handle = rt().build()?.start().await?;
+    let p = pool.clone();
+    assert!(
+        eventually(Duration::from_secs(3), || {
+            let p = p.clone();
+            async move { tests::job_state(&p, long.id).await.0 == "done" }
+        })
+        .await
+    );
+    handle.shutdown().await;
+    db.close().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_wake_workers_and_the_listener_reconnects() -> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let queue = format!("q{}", db.name());
+    let handle = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Sleeper>()
+        .queue(queue.clone(), 2)
+        // Polling alone would take an hour: only notifications can be this fast.
+        .poll_interval(Duration::from_secs(3600))
+        .build()?
+        .start()
+        .await?;
+    let wait_done = |id: jobq::JobId| {
+        let p = pool.clone();
+        async move {
+            eventually(Duration::from_secs(5), || {
+                let p = p.clone();
+                async move { tests::job_state(&p, id).await.0 == "done" }
+            })
+            .await
+        }
+    };
+    // Let the listener connect.
+    let p = pool.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let p = p.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+                )
+                .fetch_one(&p)
+                .await
+                .unwrap()
+                    == 1
+            }
+        })
+        .await
+    );
+    let a = Sleeper::with(N { n: 0 }).queue(queue.clone()).enqueue(pool).await?;
+    assert!(wait_done(a.id).await, "woken by NOTIFY");
+
+    // Kill the listener's connection, as a database restart or a proxy would.
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND query LIKE 'LISTEN%') t",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(killed, 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = Sleeper::with(N { n: 0 }).queue(queue.clone()).enqueue(pool).await?;
+    assert!(wait_done(b.id).await, "woken after the listener reconnected");
+    let c = Sleeper::with(N { n: 0 }).queue(queue.clone()).enqueue(pool).await?;
+    assert!(wait_done(c.id).await);
+    handle.shutdown().await;
+    db.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn only_registered_kinds_are_claimed_and_priority_orders_claims() -> anyhow::Result<()> {
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    sqlx::query("INSERT INTO jobq.jobs (kind, payload) VALUES ('nobody_serves_this', '{}')")
+        .execute(pool)
+        .await?;
+    let low = Sleeper::with(N { n: 0 }).priority(5).enqueue(pool).await?;
+    let high = Sleeper::with(N { n: 0 }).priority(-5).enqueue(pool).await?;
+    let mid = Sleeper::with(N { n: 0 }).enqueue(pool).await?;
+    let rt = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Sleeper>()
+        .build()?;
+    let report = rt.drain(None).await?;
+    let order: Vec<jobq::JobId> = report.attempts.iter().map(|a| a.id).collect();
+    assert_eq!(order, vec![high.id, mid.id, low.id]);
+    let unserved: (String, i32) =
+        sqlx::query_as("SELECT state, attempts FROM jobq.jobs WHERE kind = 'nobody_serves_this'")
+            .fetch_one(pool)
+            .await?;
+    assert_eq!(unserved, ("pending".to_owned(), 0), "never claimed, never dropped");
+    db.close().await;
+    Ok(())
+}
+
+struct SameKindA;
+struct SameKindB;
+impl Job for SameKindA {
+    const KIND: &'static str = "same_kind";
+    type Args = N;
+    type Error = JobError;
+    async fn run(_ctx: JobContext, _args: N) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+impl Job for SameKindB {
+    const KIND: &'static str = "same_kind";
+    type Args = N;
+    type Error = JobError;
+    async fn run(_ctx: JobContext, _args: N) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn two_types_for_one_kind_refuse_to_build() -> anyhow::Result<()> {
+    let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy(&jobq_testing::database_url())?;
+    let err = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<SameKindA>()
+        .register::<SameKindB>()
+        .build()
+        .unwrap_err();
+    assert_eq!(err.code(), "duplicate_kind");
+    let msg = err.to_string();
+    assert!(msg.contains("SameKindA") && msg.contains("SameKindB"), "{msg}");
+    // The same type twice is fine.
+    Runtime::builder(pool)
+        .auto_register(false)
+        .register::<SameKindA>()
+        .register::<SameKindA>()
+        .build()?;
+    let _ = Arc::new(());
+    Ok(())
+}
