@@ -45,7 +45,8 @@ impl TestDatabase {
     /// As [`new`](Self::new).
     pub async fn with_max_connections(max: u32) -> Result<TestDatabase, jobq::Error> {
         let url = database_url();
-        let admin = PgConnectOptions::from_str(&url)?.log_statements(tracing::log::LevelFilter::Off);
+        let admin =
+            PgConnectOptions::from_str(&url)?.log_statements(tracing::log::LevelFilter::Off);
         let name = format!(
             "jobq_test_{}_{}_{:08x}",
             std::process::id(),

@@ -3,6 +3,8 @@
 //! The context depends on no runtime module: the executor hands each attempt its lease
 //! handle and its cancellation token when it builds the context.
 
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +39,7 @@ struct Inner {
     created_at: Option<DateTime<Utc>>,
     cancel: CancellationToken,
     lease: Option<AttemptLease>,
+    state: State,
 }
 
 /// The database side of an attempt: the pool, the lease length and the local deadline
@@ -75,6 +78,32 @@ pub(crate) struct ContextParts {
     pub(crate) created_at: Option<DateTime<Utc>>,
     pub(crate) cancel: CancellationToken,
     pub(crate) lease: Option<AttemptLease>,
+    pub(crate) state: State,
+}
+
+/// Shared application state handed to every attempt, by type: what a handler needs
+/// beyond its args (a pool, an HTTP client, a mail provider). Set with
+/// [`RuntimeBuilder::state`](crate::RuntimeBuilder::state), read with
+/// [`JobContext::state`].
+#[derive(Clone, Default)]
+pub(crate) struct State {
+    by_type: Arc<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+}
+
+impl State {
+    pub(crate) fn insert<T: Send + Sync + 'static>(&mut self, value: T) {
+        Arc::make_mut(&mut self.by_type).insert(TypeId::of::<T>(), Arc::new(value));
+    }
+
+    fn get<T: Send + Sync + 'static>(&self) -> Option<&T> {
+        self.by_type.get(&TypeId::of::<T>())?.downcast_ref()
+    }
+}
+
+impl fmt::Debug for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "State({} values)", self.by_type.len())
+    }
 }
 
 impl JobContext {
@@ -89,6 +118,7 @@ impl JobContext {
                 created_at: p.created_at,
                 cancel: p.cancel,
                 lease: p.lease,
+                state: p.state,
             }),
         }
     }
@@ -109,6 +139,7 @@ impl JobContext {
             created_at: None,
             cancel: CancellationToken::new(),
             lease: None,
+            state: State::default(),
         })
     }
 
@@ -140,6 +171,33 @@ impl JobContext {
     pub fn with_queue(self, queue: impl Into<String>) -> Self {
         let queue = queue.into();
         self.edit(|p| p.queue = queue)
+    }
+
+    /// Adds a state value of type `T` (detached contexts; the runtime's come from
+    /// [`RuntimeBuilder::state`](crate::RuntimeBuilder::state)).
+    #[must_use]
+    pub fn with_state<T: Send + Sync + 'static>(self, value: T) -> Self {
+        self.edit(|p| p.state.insert(value))
+    }
+
+    /// The application state of type `T` given to the runtime with
+    /// [`RuntimeBuilder::state`](crate::RuntimeBuilder::state).
+    ///
+    /// ```
+    /// #[derive(Clone)]
+    /// struct Mailer { from: String }
+    ///
+    /// let ctx = jobq::JobContext::detached("send").with_state(Mailer { from: "billing@example.com".into() });
+    /// assert_eq!(ctx.state::<Mailer>().unwrap().from, "billing@example.com");
+    /// assert!(ctx.state::<String>().is_none());
+    /// ```
+    pub fn state<T: Send + Sync + 'static>(&self) -> Option<&T> {
+        self.inner.state.get::<T>()
+    }
+
+    /// The runtime's pool (`None` for a detached context).
+    pub fn pool(&self) -> Option<&PgPool> {
+        self.inner.lease.as_ref().map(|l| &l.pool)
     }
 
     /// The job's id.

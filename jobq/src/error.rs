@@ -307,7 +307,10 @@ mod tests {
 
     #[test]
     fn infra_errors_have_stable_codes() {
-        assert_eq!(Error::invalid("payload_too_large", "x").code(), "payload_too_large");
+        assert_eq!(
+            Error::invalid("payload_too_large", "x").code(),
+            "payload_too_large"
+        );
         assert_eq!(Error::LeaseLost { id: 1, attempt: 2 }.code(), "lease_lost");
     }
 }

@@ -72,8 +72,8 @@ pub trait Job: Send + Sync + 'static {
     /// Priority; smaller runs first (0 is the default, negative is more urgent).
     const PRIORITY: i16 = 0;
     /// The retry policy: attempts and backoff.
-    const RETRY: RetryPolicy = RetryPolicy::exponential(crate::retry::DEFAULT_MAX_ATTEMPTS)
-        .jitter(true);
+    const RETRY: RetryPolicy =
+        RetryPolicy::exponential(crate::retry::DEFAULT_MAX_ATTEMPTS).jitter(true);
     /// How long one claim holds the job before another worker may rescue it. The runtime
     /// extends it by heartbeats while the handler runs; keep it well above the time a
     /// heartbeat can be delayed (a GC pause, a slow database), not above the run time.
@@ -281,9 +281,7 @@ impl<J: Job> EnqueueBuilder<J> {
             Some(key) => Some(key),
             None => J::idempotency_key(&self.args),
         };
-        let max_attempts = self
-            .max_attempts
-            .unwrap_or_else(|| J::RETRY.max_attempts());
+        let max_attempts = self.max_attempts.unwrap_or_else(|| J::RETRY.max_attempts());
         let job = store::NewJob {
             kind: J::KIND.to_owned(),
             queue: self.queue.unwrap_or_else(|| J::QUEUE.to_owned()),

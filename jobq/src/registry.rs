@@ -50,8 +50,11 @@ trait ErasedJob: Send + Sync + 'static {
     fn lease(&self) -> Duration;
     fn timeout(&self) -> Option<Duration>;
     fn retry(&self) -> RetryPolicy;
-    fn run(&self, ctx: JobContext, payload: serde_json::Value)
-    -> BoxFuture<'static, Result<(), Failure>>;
+    fn run(
+        &self,
+        ctx: JobContext,
+        payload: serde_json::Value,
+    ) -> BoxFuture<'static, Result<(), Failure>>;
 }
 
 struct Typed<J>(std::marker::PhantomData<fn() -> J>);
@@ -83,10 +86,7 @@ impl<J: Job> ErasedJob for Typed<J> {
         Box::pin(async move {
             let args: J::Args = serde_json::from_value(payload).map_err(|e| Failure {
                 class: Classification::permanent("decode"),
-                message: format!(
-                    "payload does not decode as the args of `{}`: {e}",
-                    J::KIND
-                ),
+                message: format!("payload does not decode as the args of `{}`: {e}", J::KIND),
             })?;
             J::run(ctx, args).await.map_err(|e| Failure {
                 class: e.classify(),

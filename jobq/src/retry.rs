@@ -182,7 +182,11 @@ impl RetryPolicy {
                     .and_then(|f| base.checked_mul(f))
                     .unwrap_or(cap)
                     .min(cap);
-                if jitter { (full / 2, full) } else { (full, full) }
+                if jitter {
+                    (full / 2, full)
+                } else {
+                    (full, full)
+                }
             }
             RetryPolicy::Fixed { delay, .. } => (delay, delay),
             RetryPolicy::None => (Duration::ZERO, Duration::ZERO),

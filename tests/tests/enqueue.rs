@@ -98,11 +98,12 @@ async fn defaults_and_options_land_in_the_row() -> anyhow::Result<()> {
     let db = TestDatabase::new().await?;
     let pool = db.pool();
     let a = Plain::enqueue(pool, N { n: 1 }).await?;
-    let row: (String, i16, i32, serde_json::Value) =
-        sqlx::query_as("SELECT queue, priority, max_attempts, payload FROM jobq.jobs WHERE id = $1")
-            .bind(a.id.0)
-            .fetch_one(pool)
-            .await?;
+    let row: (String, i16, i32, serde_json::Value) = sqlx::query_as(
+        "SELECT queue, priority, max_attempts, payload FROM jobq.jobs WHERE id = $1",
+    )
+    .bind(a.id.0)
+    .fetch_one(pool)
+    .await?;
     assert_eq!(row, ("mail".into(), 3, 7, serde_json::json!({"n": 1})));
 
     let at = chrono::Utc::now() + chrono::Duration::hours(2);
@@ -213,10 +214,11 @@ async fn enqueue_many_is_one_statement_in_order_with_duplicates() -> anyhow::Res
     assert_eq!(plain.len(), 1000);
     // Ids come back in input order and match the payloads.
     for (i, e) in plain.iter().enumerate().step_by(97) {
-        let n: i64 = sqlx::query_scalar("SELECT (payload->>'n')::bigint FROM jobq.jobs WHERE id = $1")
-            .bind(e.id.0)
-            .fetch_one(pool)
-            .await?;
+        let n: i64 =
+            sqlx::query_scalar("SELECT (payload->>'n')::bigint FROM jobq.jobs WHERE id = $1")
+                .bind(e.id.0)
+                .fetch_one(pool)
+                .await?;
         assert_eq!(n, i as i64);
     }
     assert!(Plain::enqueue_many(pool, Vec::new()).await?.is_empty());
@@ -239,7 +241,11 @@ async fn bad_input_is_rejected_with_a_stable_code() -> anyhow::Result<()> {
     let e = Blob::enqueue(pool, huge).await.unwrap_err();
     assert_eq!(e.code(), "payload_too_large", "{e}");
 
-    let e = Plain::with(N { n: 1 }).queue("").enqueue(pool).await.unwrap_err();
+    let e = Plain::with(N { n: 1 })
+        .queue("")
+        .enqueue(pool)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), "invalid_queue", "{e}");
     let e = Plain::with(N { n: 1 })
         .queue("q".repeat(jobq::MAX_QUEUE_LEN + 1))
@@ -248,7 +254,11 @@ async fn bad_input_is_rejected_with_a_stable_code() -> anyhow::Result<()> {
         .unwrap_err();
     assert_eq!(e.code(), "invalid_queue", "{e}");
 
-    let e = Plain::with(N { n: 1 }).max_attempts(0).enqueue(pool).await.unwrap_err();
+    let e = Plain::with(N { n: 1 })
+        .max_attempts(0)
+        .enqueue(pool)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), "invalid_max_attempts", "{e}");
 
     // Before PostgreSQL's first representable time: a clear error, not a driver error.
@@ -267,9 +277,12 @@ async fn bad_input_is_rejected_with_a_stable_code() -> anyhow::Result<()> {
     assert_eq!(e.code(), "invalid_idempotency_key", "{e}");
 
     // A batch with one bad job inserts nothing.
-    let e = Blob::enqueue_many(pool, ["ok".to_owned(), "y".repeat(jobq::MAX_PAYLOAD_BYTES + 1)])
-        .await
-        .unwrap_err();
+    let e = Blob::enqueue_many(
+        pool,
+        ["ok".to_owned(), "y".repeat(jobq::MAX_PAYLOAD_BYTES + 1)],
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.code(), "payload_too_large");
     assert_eq!(count(pool).await, 0);
 

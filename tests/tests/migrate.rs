@@ -5,10 +5,12 @@
 use jobq_testing::TestDatabase;
 
 async fn reset(pool: &sqlx::PgPool) {
-    sqlx::raw_sql("DROP SCHEMA jobq CASCADE; DROP TABLE IF EXISTS _sqlx_migrations, invoices, customers;")
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::raw_sql(
+        "DROP SCHEMA jobq CASCADE; DROP TABLE IF EXISTS _sqlx_migrations, invoices, customers;",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
 }
 
 async fn jobq_versions(pool: &sqlx::PgPool) -> Vec<i64> {

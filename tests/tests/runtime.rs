@@ -38,17 +38,22 @@ impl PoolMap {
         self.0.lock().unwrap()[queue].clone()
     }
     fn set(&self, queue: &str, pool: &PgPool) {
-        self.0.lock().unwrap().insert(queue.to_owned(), pool.clone());
+        self.0
+            .lock()
+            .unwrap()
+            .insert(queue.to_owned(), pool.clone());
     }
 }
 static POOLS: std::sync::LazyLock<PoolMap> =
     std::sync::LazyLock::new(|| PoolMap(Default::default()));
 
 async fn side_table(pool: &PgPool) {
-    sqlx::query("CREATE TABLE executions (job_id bigint NOT NULL, attempt int NOT NULL, n bigint NOT NULL)")
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "CREATE TABLE executions (job_id bigint NOT NULL, attempt int NOT NULL, n bigint NOT NULL)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
 }
 
 async fn states(pool: &PgPool) -> Vec<(String, i64)> {
@@ -80,14 +85,13 @@ async fn three_runtimes_drain_5000_jobs_each_exactly_once() -> anyhow::Result<()
     }
     // Enqueue while the runtimes are already competing, in batches and one by one.
     for chunk in 0..49 {
-        Record::enqueue_many(
-            db.pool(),
-            (0..100).map(|k| N { n: chunk * 100 + k }),
-        )
-        .await?;
+        Record::enqueue_many(db.pool(), (0..100).map(|k| N { n: chunk * 100 + k })).await?;
     }
     for n in 4900..5000 {
-        Record::with(N { n }).queue(queue.clone()).enqueue(db.pool()).await?;
+        Record::with(N { n })
+            .queue(queue.clone())
+            .enqueue(db.pool())
+            .await?;
     }
     // enqueue_many used the kind's default queue; move those to the served queue.
     sqlx::query("UPDATE jobq.jobs SET queue = $1 WHERE queue = 'default'")
@@ -121,7 +125,10 @@ async fn three_runtimes_drain_5000_jobs_each_exactly_once() -> anyhow::Result<()
     )
     .fetch_one(db.pool())
     .await?;
-    assert_eq!((jobs, executions, distinct, max_per_job), (5000, 5000, 5000, 1));
+    assert_eq!(
+        (jobs, executions, distinct, max_per_job),
+        (5000, 5000, 5000, 1)
+    );
     let workers: i64 = sqlx::query_scalar(
         "SELECT count(DISTINCT attempt) FROM executions", // every job ran on its first attempt
     )
@@ -172,7 +179,10 @@ impl Job for Doomed {
     type Args = N;
     type Error = JobError;
     async fn run(_ctx: JobContext, args: N) -> Result<(), JobError> {
-        Err(JobError::permanent("invoice_missing", format!("invoice {} not found", args.n)))
+        Err(JobError::permanent(
+            "invoice_missing",
+            format!("invoice {} not found", args.n),
+        ))
     }
 }
 
@@ -219,13 +229,21 @@ async fn retry_schedule_backoff_cap_retry_after_permanent_and_exhaustion() -> an
     let bounds = [(500, 1000), (1000, 2000), (1500, 3000)];
     for (attempt, (lo, hi)) in (1..=3).zip(bounds) {
         let report = rt.drain(Some(now)).await?;
-        assert!(report.attempts.iter().any(|a| a.id == flaky.id && a.attempt == attempt));
+        assert!(
+            report
+                .attempts
+                .iter()
+                .any(|a| a.id == flaky.id && a.attempt == attempt)
+        );
         let r = row(pool, flaky.id).await;
         assert_eq!((r.state.as_str(), r.attempts), ("pending", attempt as i32));
         assert_eq!(r.last_error_code.as_deref(), Some("provider_unavailable"));
         assert_eq!(r.last_error.as_deref(), Some("provider down for 1"));
         let delay = (r.run_after - now).num_milliseconds();
-        assert!((lo..=hi).contains(&delay), "attempt {attempt}: delay {delay} ms not in [{lo}, {hi}]");
+        assert!(
+            (lo..=hi).contains(&delay),
+            "attempt {attempt}: delay {delay} ms not in [{lo}, {hi}]"
+        );
         assert_eq!(r.last_failed_at, Some(now));
         now = r.run_after;
     }
@@ -262,7 +280,10 @@ async fn error_history_is_bounded() -> anyhow::Result<()> {
         .auto_register(false)
         .register::<Throttled>()
         .build()?;
-    let job = Throttled::with(N { n: 0 }).max_attempts(30).enqueue(pool).await?;
+    let job = Throttled::with(N { n: 0 })
+        .max_attempts(30)
+        .enqueue(pool)
+        .await?;
     // Retry-After 0: every drain pass retries at once.
     rt.drain(None).await?;
     let r = row(pool, job.id).await;
@@ -321,8 +342,14 @@ async fn panic_timeout_and_undecodable_payload_are_classified_and_the_runtime_ke
         .build()?
         .start()
         .await?;
-    let panics = Panics::with(N { n: 1 }).queue(queue.clone()).enqueue(pool).await?;
-    let slow = Slow::with(N { n: 30 }).queue(queue.clone()).enqueue(pool).await?;
+    let panics = Panics::with(N { n: 1 })
+        .queue(queue.clone())
+        .enqueue(pool)
+        .await?;
+    let slow = Slow::with(N { n: 30 })
+        .queue(queue.clone())
+        .enqueue(pool)
+        .await?;
     // A payload written by an older version of the code: it no longer decodes.
     let undecodable: i64 = sqlx::query_scalar(
         "INSERT INTO jobq.jobs (kind, queue, payload) VALUES ('record', $1, '{\"number\": \"seven\"}') RETURNING id",
@@ -330,7 +357,10 @@ async fn panic_timeout_and_undecodable_payload_are_classified_and_the_runtime_ke
     .bind(&queue)
     .fetch_one(pool)
     .await?;
-    let healthy = Record::with(N { n: 5 }).queue(queue.clone()).enqueue(pool).await?;
+    let healthy = Record::with(N { n: 5 })
+        .queue(queue.clone())
+        .enqueue(pool)
+        .await?;
 
     let p = pool.clone();
     let ids = [panics.id.0, slow.id.0, undecodable, healthy.id.0];
@@ -367,11 +397,18 @@ async fn panic_timeout_and_undecodable_payload_are_classified_and_the_runtime_ke
             .bind(undecodable)
             .fetch_one(pool)
             .await?;
-    assert_eq!(payload, serde_json::json!({"number": "seven"}), "payload kept for inspection");
+    assert_eq!(
+        payload,
+        serde_json::json!({"number": "seven"}),
+        "payload kept for inspection"
+    );
 
     assert_eq!(tests::job_state(pool, healthy.id).await.0, "done");
     // Still serving after all of that.
-    let later = Record::with(N { n: 6 }).queue(queue.clone()).enqueue(pool).await?;
+    let later = Record::with(N { n: 6 })
+        .queue(queue.clone())
+        .enqueue(pool)
+        .await?;
     let p = pool.clone();
     assert!(
         eventually(Duration::from_secs(10), || {
@@ -454,7 +491,10 @@ async fn lease_expiring_under_a_running_handler_is_rescued_and_the_late_attempt_
         .build()?
         .start()
         .await?;
-    let job = Hangs::with(N { n: 0 }).queue(queue.clone()).enqueue(pool).await?;
+    let job = Hangs::with(N { n: 0 })
+        .queue(queue.clone())
+        .enqueue(pool)
+        .await?;
     let p = pool.clone();
     assert!(
         eventually(Duration::from_secs(5), || {
@@ -497,18 +537,23 @@ async fn lease_expiring_under_a_running_handler_is_rescued_and_the_late_attempt_
         Some("lease_lost/lease_lost"),
         "the stale attempt could neither record the effect nor complete the job"
     );
-    assert!(HANG_SECOND_SAW_DROP.load(Ordering::SeqCst), "attempt 1 was dropped before attempt 2 started");
+    assert!(
+        HANG_SECOND_SAW_DROP.load(Ordering::SeqCst),
+        "attempt 1 was dropped before attempt 2 started"
+    );
     let (state, attempts) = tests::job_state(pool, job.id).await;
     assert_eq!((state.as_str(), attempts), ("done", 2));
-    let effects: Vec<(i64, i32)> =
-        sqlx::query_as("SELECT job_id, attempt FROM jobq.job_effects WHERE effect_key = 'hangs-effect'")
-            .fetch_all(pool)
-            .await?;
+    let effects: Vec<(i64, i32)> = sqlx::query_as(
+        "SELECT job_id, attempt FROM jobq.job_effects WHERE effect_key = 'hangs-effect'",
+    )
+    .fetch_all(pool)
+    .await?;
     assert_eq!(effects, vec![(job.id.0, 2)]);
-    let first: serde_json::Value = sqlx::query_scalar("SELECT errors->0 FROM jobq.jobs WHERE id = $1")
-        .bind(job.id.0)
-        .fetch_one(pool)
-        .await?;
+    let first: serde_json::Value =
+        sqlx::query_scalar("SELECT errors->0 FROM jobq.jobs WHERE id = $1")
+            .bind(job.id.0)
+            .fetch_one(pool)
+            .await?;
     assert_eq!(first["code"], "lease_expired");
     a.shutdown().await;
     b.shutdown().await;
@@ -532,11 +577,10 @@ async fn reaper_fails_a_job_whose_last_attempt_lost_its_lease() -> anyhow::Resul
     let reaper = jobq::maintenance::Reaper::new(pool.clone(), Default::default());
     let report = reaper.run_once().await?;
     assert_eq!((report.rescued, report.failed), (1, 1));
-    let rows: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
-        "SELECT state, last_error_code, locked_by FROM jobq.jobs ORDER BY id",
-    )
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<(String, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT state, last_error_code, locked_by FROM jobq.jobs ORDER BY id")
+            .fetch_all(pool)
+            .await?;
     assert_eq!(
         rows,
         vec![
@@ -581,8 +625,14 @@ async fn graceful_shutdown_finishes_short_attempts_and_hands_back_long_ones() ->
             .shutdown_timeout(Duration::from_millis(700))
     };
     let handle = rt().build()?.start().await?;
-    let short = Sleeper::with(N { n: 300 }).queue(queue.clone()).enqueue(pool).await?;
-    let long = Sleeper::with(N { n: 60_000 }).queue(queue.clone()).enqueue(pool).await?;
+    let short = Sleeper::with(N { n: 300 })
+        .queue(queue.clone())
+        .enqueue(pool)
+        .await?;
+    let long = Sleeper::with(N { n: 60_000 })
+        .queue(queue.clone())
+        .enqueue(pool)
+        .await?;
     let p = pool.clone();
     assert!(
         eventually(Duration::from_secs(5), || {
@@ -596,7 +646,10 @@ async fn graceful_shutdown_finishes_short_attempts_and_hands_back_long_ones() ->
     );
     let report = handle.shutdown().await;
     assert_eq!(report.handed_back, 1);
-    assert_eq!(tests::job_state(pool, short.id).await, ("done".to_owned(), 1));
+    assert_eq!(
+        tests::job_state(pool, short.id).await,
+        ("done".to_owned(), 1)
+    );
     let (state, attempts, locked_by, due): (String, i32, Option<String>, bool) = sqlx::query_as(
         "SELECT state, attempts, locked_by, run_after <= now() FROM jobq.jobs WHERE id = $1",
     )
@@ -669,7 +722,10 @@ async fn notifications_wake_workers_and_the_listener_reconnects() -> anyhow::Res
         })
         .await
     );
-    let a = Sleeper::with(N { n: 0 }).queue(queue.clone()).enqueue(pool).await?;
+    let a = Sleeper::with(N { n: 0 })
+        .queue(queue.clone())
+        .enqueue(pool)
+        .await?;
     assert!(wait_done(a.id).await, "woken by NOTIFY");
 
     // Kill the listener's connection, as a database restart or a proxy would.
@@ -681,9 +737,18 @@ async fn notifications_wake_workers_and_the_listener_reconnects() -> anyhow::Res
     .await?;
     assert_eq!(killed, 1);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let b = Sleeper::with(N { n: 0 }).queue(queue.clone()).enqueue(pool).await?;
-    assert!(wait_done(b.id).await, "woken after the listener reconnected");
-    let c = Sleeper::with(N { n: 0 }).queue(queue.clone()).enqueue(pool).await?;
+    let b = Sleeper::with(N { n: 0 })
+        .queue(queue.clone())
+        .enqueue(pool)
+        .await?;
+    assert!(
+        wait_done(b.id).await,
+        "woken after the listener reconnected"
+    );
+    let c = Sleeper::with(N { n: 0 })
+        .queue(queue.clone())
+        .enqueue(pool)
+        .await?;
     assert!(wait_done(c.id).await);
     handle.shutdown().await;
     db.close().await;
@@ -711,7 +776,11 @@ async fn only_registered_kinds_are_claimed_and_priority_orders_claims() -> anyho
         sqlx::query_as("SELECT state, attempts FROM jobq.jobs WHERE kind = 'nobody_serves_this'")
             .fetch_one(pool)
             .await?;
-    assert_eq!(unserved, ("pending".to_owned(), 0), "never claimed, never dropped");
+    assert_eq!(
+        unserved,
+        ("pending".to_owned(), 0),
+        "never claimed, never dropped"
+    );
     db.close().await;
     Ok(())
 }
@@ -746,7 +815,10 @@ async fn two_types_for_one_kind_refuse_to_build() -> anyhow::Result<()> {
         .unwrap_err();
     assert_eq!(err.code(), "duplicate_kind");
     let msg = err.to_string();
-    assert!(msg.contains("SameKindA") && msg.contains("SameKindB"), "{msg}");
+    assert!(
+        msg.contains("SameKindA") && msg.contains("SameKindB"),
+        "{msg}"
+    );
     // The same type twice is fine.
     Runtime::builder(pool)
         .auto_register(false)

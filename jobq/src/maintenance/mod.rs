@@ -4,8 +4,8 @@
 
 mod reaper;
 
-pub use reaper::{Reaper, ReaperConfig};
 pub use crate::store::ReapReport;
+pub use reaper::{Reaper, ReaperConfig};
 
 use std::time::Duration;
 

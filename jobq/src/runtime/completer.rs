@@ -206,7 +206,11 @@ fn report(write: &Write, written: &Written) {
             "stale write ignored: this attempt no longer holds the job (its lease expired and the job was rescued, claimed again or changed by an operator)"
         ),
         Written::AlreadyDone => {
-            debug!(job.id = id, job.attempt = attempt, "job was completed in its own transaction")
+            debug!(
+                job.id = id,
+                job.attempt = attempt,
+                "job was completed in its own transaction"
+            )
         }
         Written::Applied(_) => {}
     }

@@ -70,10 +70,7 @@ where
     let run = AssertUnwindSafe(handler.call(ctx, payload)).catch_unwind();
     let timed = async {
         match handler.timeout() {
-            Some(limit) => match tokio::time::timeout(limit, run).await {
-                Ok(r) => Some(r),
-                Err(_) => None,
-            },
+            Some(limit) => tokio::time::timeout(limit, run).await.ok(),
             None => Some(run.await),
         }
     };
@@ -198,20 +195,7 @@ pub(crate) async fn run_claimed(
                 interrupt: interrupt.clone(),
             },
         );
-        let ctx = JobContext::from_parts(crate::context::ContextParts {
-            id: crate::JobId(job.id),
-            kind: job.kind.clone(),
-            queue: job.queue.clone(),
-            attempt: u32::try_from(job.attempt).unwrap_or(0),
-            max_attempts: u32::try_from(job.max_attempts).unwrap_or(0),
-            created_at: Some(job.created_at),
-            cancel: cancel.clone(),
-            lease: Some(crate::context::AttemptLease {
-                pool: env.config.pool.clone(),
-                lease,
-                deadline,
-            }),
-        });
+        let ctx = attempt_context(&env.config, &job, cancel.clone(), deadline);
         let stop = async {
             tokio::select! {
                 _ = super::lease::watchdog(deadline_rx, lost) => AttemptOutcome::LeaseLost,
@@ -237,6 +221,34 @@ pub(crate) async fn run_claimed(
     .await;
 }
 
+/// The context of one claimed attempt.
+pub(crate) fn attempt_context(
+    config: &super::Config,
+    job: &crate::store::ClaimedJob,
+    cancel: tokio_util::sync::CancellationToken,
+    deadline: std::sync::Arc<tokio::sync::watch::Sender<tokio::time::Instant>>,
+) -> JobContext {
+    let lease = config
+        .registry
+        .get(&job.kind)
+        .map_or(Duration::from_secs(60), JobHandler::lease);
+    JobContext::from_parts(crate::context::ContextParts {
+        id: crate::JobId(job.id),
+        kind: job.kind.clone(),
+        queue: job.queue.clone(),
+        attempt: u32::try_from(job.attempt).unwrap_or(0),
+        max_attempts: u32::try_from(job.max_attempts).unwrap_or(0),
+        created_at: Some(job.created_at),
+        cancel,
+        lease: Some(crate::context::AttemptLease {
+            pool: config.pool.clone(),
+            lease,
+            deadline,
+        }),
+        state: config.state.clone(),
+    })
+}
+
 /// The write an outcome calls for; `None` for a lost lease (the job is not ours).
 pub(crate) fn outcome_write(
     handler: &JobHandler,
@@ -253,7 +265,9 @@ pub(crate) fn outcome_write(
                 crate::error::Disposition::Retryable => {
                     tracing::info!(code = %f.class.code, error = %f.message, "attempt failed (retryable)");
                 }
-                _ => tracing::warn!(code = %f.class.code, error = %f.message, "attempt failed ({})", f.class.disposition.as_str()),
+                _ => {
+                    tracing::warn!(code = %f.class.code, error = %f.message, "attempt failed ({})", f.class.disposition.as_str())
+                }
             }
             Some(Write::Fail {
                 id,

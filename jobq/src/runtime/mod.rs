@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use crate::context::State;
 use crate::error::Error;
 use crate::job::Job;
 use crate::maintenance::{Reaper, ReaperConfig};
@@ -49,9 +50,18 @@ pub struct RuntimeBuilder {
     reaper: Option<ReaperConfig>,
     listen: bool,
     worker_id: Option<String>,
+    state: State,
 }
 
 impl RuntimeBuilder {
+    /// Hands `value` to every attempt; a handler reads it with
+    /// [`JobContext::state::<T>()`](crate::JobContext::state). One value per type; a
+    /// second call with the same type replaces the first.
+    pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.state.insert(value);
+        self
+    }
+
     /// Serves `queue` with up to `concurrency` attempts at once. Once any queue is named,
     /// only the named queues are served.
     pub fn queue(mut self, queue: impl Into<String>, concurrency: usize) -> Self {
@@ -182,6 +192,7 @@ impl RuntimeBuilder {
                 shutdown_timeout: self.shutdown_timeout,
                 reaper: self.reaper,
                 listen: self.listen,
+                state: self.state,
             }),
         })
     }
@@ -216,6 +227,7 @@ pub(crate) struct Config {
     pub(crate) shutdown_timeout: Duration,
     pub(crate) reaper: Option<ReaperConfig>,
     pub(crate) listen: bool,
+    pub(crate) state: State,
 }
 
 /// A configured runtime, not yet running.
@@ -250,6 +262,7 @@ impl Runtime {
             reaper: Some(ReaperConfig::default()),
             listen: true,
             worker_id: None,
+            state: State::default(),
         }
     }
 

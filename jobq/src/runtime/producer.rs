@@ -14,10 +14,9 @@ use tokio_util::task::TaskTracker;
 use tracing::warn;
 
 use super::completer::{Completer, write_one};
-use super::executor::{AttemptEnv, execute, outcome_write, run_claimed};
+use super::executor::{AttemptEnv, attempt_context, execute, outcome_write, run_claimed};
 use super::lease::RunningSet;
 use super::{Config, DrainReport, DrainedAttempt};
-use crate::context::{AttemptLease, ContextParts, JobContext};
 use crate::error::Error;
 use crate::store::{self, ClaimParams, ClaimedJob};
 
@@ -141,20 +140,7 @@ async fn drain_one(
         return Err(Error::Config(format!("no handler for kind `{}`", job.kind)));
     };
     let (deadline, _) = tokio::sync::watch::channel(Instant::now() + handler.lease());
-    let ctx = JobContext::from_parts(ContextParts {
-        id: crate::JobId(job.id),
-        kind: job.kind.clone(),
-        queue: job.queue.clone(),
-        attempt: u32::try_from(job.attempt).unwrap_or(0),
-        max_attempts: u32::try_from(job.max_attempts).unwrap_or(0),
-        created_at: Some(job.created_at),
-        cancel: CancellationToken::new(),
-        lease: Some(AttemptLease {
-            pool: config.pool.clone(),
-            lease: handler.lease(),
-            deadline: Arc::new(deadline),
-        }),
-    });
+    let ctx = attempt_context(config, &job, CancellationToken::new(), Arc::new(deadline));
     let payload = std::mem::take(&mut job.payload);
     let outcome = execute(&handler, ctx, payload, std::future::pending()).await;
     let mut state = None;

@@ -8,11 +8,13 @@
 mod effects;
 mod jobs;
 mod lease;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use effects::*;
 pub(crate) use jobs::*;
-pub(crate) use lease::*;
 pub use lease::ReapReport;
+pub(crate) use lease::*;
 
 use chrono::{DateTime, Utc};
 
@@ -65,16 +67,16 @@ impl NewJob {
                 format!("max_attempts must be at least 1, got {}", self.max_attempts),
             ));
         }
-        if let Some(key) = &self.idempotency_key {
-            if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN {
-                return Err(Error::invalid(
-                    "invalid_idempotency_key",
-                    format!(
-                        "idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes, got {}",
-                        key.len()
-                    ),
-                ));
-            }
+        if let Some(key) = &self.idempotency_key
+            && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN)
+        {
+            return Err(Error::invalid(
+                "invalid_idempotency_key",
+                format!(
+                    "idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes, got {}",
+                    key.len()
+                ),
+            ));
         }
         if let Some(at) = self.run_after {
             // PostgreSQL's timestamptz ends in 294276 AD; chrono's range is wider.
@@ -110,7 +112,10 @@ pub(crate) fn validate_name(what: &str, name: &str, max: usize) -> Result<(), Er
     if name.len() > max {
         return Err(Error::invalid(
             code,
-            format!("{what} `{name}` is {} bytes; the limit is {max}", name.len()),
+            format!(
+                "{what} `{name}` is {} bytes; the limit is {max}",
+                name.len()
+            ),
         ));
     }
     Ok(())
