@@ -86,6 +86,7 @@ impl MailProvider {
 }
 
 /// Sends one invoice by mail and marks it sent.
+#[derive(Debug)]
 pub struct SendInvoice;
 
 impl Job for SendInvoice {
