@@ -49,3 +49,50 @@ pub struct N {
     /// The number.
     pub n: i64,
 }
+
+/// Installs triggers that record every violation of the job state machine's invariants in
+/// `invariant_violations`: a terminal job (`done`, `failed`, `cancelled`) changing state
+/// (only an operator's replay may do that, and these tests replay nothing), and
+/// `attempts` exceeding `max_attempts`.
+pub async fn install_invariant_checks(pool: &sqlx::PgPool) {
+    sqlx::raw_sql(
+        r#"
+        CREATE TABLE invariant_violations (
+            job_id bigint, what text, old_state text, new_state text,
+            attempts int, max_attempts int, at timestamptz DEFAULT now());
+        CREATE FUNCTION check_job_invariants() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP = 'UPDATE' AND OLD.state IN ('done', 'failed', 'cancelled')
+               AND NEW.state IS DISTINCT FROM OLD.state THEN
+                INSERT INTO invariant_violations VALUES
+                    (NEW.id, 'terminal job changed', OLD.state, NEW.state, NEW.attempts, NEW.max_attempts);
+            END IF;
+            IF NEW.attempts > NEW.max_attempts THEN
+                INSERT INTO invariant_violations VALUES
+                    (NEW.id, 'attempts exceed max_attempts', OLD.state, NEW.state, NEW.attempts, NEW.max_attempts);
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER check_job_invariants AFTER INSERT OR UPDATE ON jobq.jobs
+            FOR EACH ROW EXECUTE FUNCTION check_job_invariants();
+        "#,
+    )
+    .execute(pool)
+    .await
+    .unwrap_or_else(|e| panic!("installing invariant checks: {e}"));
+}
+
+/// The recorded invariant violations, formatted; empty when there are none.
+pub async fn invariant_violations(pool: &sqlx::PgPool) -> Vec<String> {
+    let rows: Vec<(i64, String, Option<String>, Option<String>, i32, i32)> = sqlx::query_as(
+        "SELECT job_id, what, old_state, new_state, attempts, max_attempts FROM invariant_violations ORDER BY at",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_else(|e| panic!("reading invariant violations: {e}"));
+    rows.into_iter()
+        .map(|(id, what, old, new, a, m)| {
+            format!("job {id}: {what} ({old:?} -> {new:?}, attempts {a}/{m})")
+        })
+        .collect()
+}
