@@ -84,7 +84,8 @@ pub async fn install_invariant_checks(pool: &sqlx::PgPool) {
 
 /// The recorded invariant violations, formatted; empty when there are none.
 pub async fn invariant_violations(pool: &sqlx::PgPool) -> Vec<String> {
-    let rows: Vec<(i64, String, Option<String>, Option<String>, i32, i32)> = sqlx::query_as(
+    type Violation = (i64, String, Option<String>, Option<String>, i32, i32);
+    let rows: Vec<Violation> = sqlx::query_as(
         "SELECT job_id, what, old_state, new_state, attempts, max_attempts FROM invariant_violations ORDER BY at",
     )
     .fetch_all(pool)
