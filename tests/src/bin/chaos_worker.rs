@@ -14,6 +14,7 @@
 //! - `CHAOS_CRASH_ON`: the number of the job (counted in this process) to crash on
 //! - `CHAOS_HOG_POOL`: `1` to take every pool connection for 3 s out of every 5 s
 //! - `CHAOS_POOL`: pool size (default 6)
+//! - `CHAOS_REPORT_CLOCK`: `1` to write this process's wall clock to `worker_clocks`
 //!
 //! It runs until SIGTERM or SIGINT, then shuts down gracefully.
 
@@ -150,6 +151,14 @@ async fn main() -> anyhow::Result<()> {
         .acquire_timeout(Duration::from_secs(10))
         .connect(&url)
         .await?;
+    if env("CHAOS_REPORT_CLOCK", 0) == 1 {
+        // Lets a test see this process's own idea of the time (libfaketime shifts it).
+        sqlx::query("INSERT INTO worker_clocks (pid, local_now, db_now) VALUES ($1, $2, now())")
+            .bind(std::process::id() as i32)
+            .bind(chrono::Utc::now())
+            .execute(&pool)
+            .await?;
+    }
     if env("CHAOS_HOG_POOL", 0) == 1 {
         let hog = pool.clone();
         tokio::spawn(async move {
