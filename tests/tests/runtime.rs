@@ -828,3 +828,132 @@ async fn two_types_for_one_kind_refuse_to_build() -> anyhow::Result<()> {
     let _ = Arc::new(());
     Ok(())
 }
+
+/// Records every span's name and fields, and every event's fields, as text.
+#[derive(Clone, Default)]
+struct Capture(Arc<std::sync::Mutex<Vec<String>>>);
+
+struct FieldText<'a>(&'a mut String);
+impl tracing::field::Visit for FieldText<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={:?}", field.name(), value));
+    }
+}
+
+impl<S> tracing_subscriber::Layer<S> for Capture
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _id: &tracing::span::Id,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut text = format!("span {}", attrs.metadata().name());
+        attrs.record(&mut FieldText(&mut text));
+        self.0.lock().unwrap().push(text);
+    }
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let name = ctx.span(id).map(|s| s.name()).unwrap_or("?");
+        let mut text = format!("record {name}");
+        values.record(&mut FieldText(&mut text));
+        self.0.lock().unwrap().push(text);
+    }
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut text = "event".to_owned();
+        event.record(&mut FieldText(&mut text));
+        self.0.lock().unwrap().push(text);
+    }
+}
+
+/// Does nothing.
+struct Noop;
+impl Job for Noop {
+    const KIND: &'static str = "noop";
+    type Args = N;
+    type Error = JobError;
+    async fn run(_ctx: JobContext, _args: N) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn one_span_per_attempt_with_its_fields_and_never_the_payload() -> anyhow::Result<()> {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    let capture = Capture::default();
+    // What a production subscriber would see of jobq: its own targets, INFO and up.
+    let subscriber = tracing_subscriber::registry().with(capture.clone().with_filter(
+        tracing_subscriber::filter::filter_fn(|m| {
+            m.target().starts_with("jobq") && *m.level() <= tracing::Level::INFO
+        }),
+    ));
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let ok = Noop::enqueue(pool, N { n: 424_242 }).await?;
+    let failed = Doomed::enqueue(pool, N { n: 737_373 }).await?;
+    let rt = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Noop>()
+        .register::<Doomed>()
+        .build()?;
+    rt.drain(None).await?;
+    let lines = capture.0.lock().unwrap().clone();
+    let spans: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.starts_with("span jobq.job"))
+        .collect();
+    assert_eq!(spans.len(), 2, "{lines:#?}");
+    assert!(
+        spans[0].contains(&format!("job.id={}", ok.id))
+            && spans[0].contains("job.kind=noop")
+            && spans[0].contains("job.queue=default")
+            && spans[0].contains("job.attempt=1"),
+        "{}",
+        spans[0]
+    );
+    assert!(
+        spans[1].contains(&format!("job.id={}", failed.id)),
+        "{}",
+        spans[1]
+    );
+    let outcomes: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.starts_with("record jobq.job") && l.contains("job.outcome"))
+        .collect();
+    assert_eq!(outcomes.len(), 2, "{lines:#?}");
+    assert!(
+        outcomes[0].contains("job.outcome=\"done\""),
+        "{}",
+        outcomes[0]
+    );
+    assert!(
+        outcomes[1].contains("job.outcome=\"permanent\""),
+        "{}",
+        outcomes[1]
+    );
+    // The payloads' distinctive numbers appear nowhere, except in the error message the
+    // handler itself wrote.
+    assert!(!lines.iter().any(|l| l.contains("424242")), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.contains("737373"))
+            .all(|l| l.contains("invoice 737373 not found")),
+        "{lines:#?}"
+    );
+    db.close().await;
+    Ok(())
+}

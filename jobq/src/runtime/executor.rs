@@ -156,14 +156,7 @@ pub(crate) async fn run_claimed(
 ) {
     use tracing::Instrument;
 
-    let span = tracing::info_span!(
-        "jobq.job",
-        job.id = job.id,
-        job.kind = %job.kind,
-        job.queue = %job.queue,
-        job.attempt = job.attempt,
-        job.outcome = tracing::field::Empty,
-    );
+    let span = attempt_span(&job);
     async {
         let Some(handler) = env.config.registry.get(&job.kind).cloned() else {
             // Claims name only served kinds, so this cannot happen; fail loudly anyway.
@@ -219,6 +212,19 @@ pub(crate) async fn run_claimed(
     }
     .instrument(span)
     .await;
+}
+
+/// The `jobq.job` span of one attempt; `job.outcome` is recorded when it ends. Never
+/// carries the payload.
+pub(crate) fn attempt_span(job: &crate::store::ClaimedJob) -> tracing::Span {
+    tracing::info_span!(
+        "jobq.job",
+        job.id = job.id,
+        job.kind = %job.kind,
+        job.queue = %job.queue,
+        job.attempt = job.attempt,
+        job.outcome = tracing::field::Empty,
+    )
 }
 
 /// The context of one claimed attempt.

@@ -11,10 +11,12 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::warn;
+use tracing::{Instrument, warn};
 
 use super::completer::{Completer, write_one};
-use super::executor::{AttemptEnv, attempt_context, execute, outcome_write, run_claimed};
+use super::executor::{
+    AttemptEnv, attempt_context, attempt_span, execute, outcome_write, run_claimed,
+};
 use super::lease::RunningSet;
 use super::{Config, DrainReport, DrainedAttempt};
 use crate::error::Error;
@@ -139,24 +141,30 @@ async fn drain_one(
     let Some(handler) = config.registry.get(&job.kind).cloned() else {
         return Err(Error::Config(format!("no handler for kind `{}`", job.kind)));
     };
-    let (deadline, _) = tokio::sync::watch::channel(Instant::now() + handler.lease());
-    let ctx = attempt_context(config, &job, CancellationToken::new(), Arc::new(deadline));
-    let payload = std::mem::take(&mut job.payload);
-    let outcome = execute(&handler, ctx, payload, std::future::pending()).await;
-    let mut state = None;
-    if let Some(write) = outcome_write(&handler, &job, &outcome) {
-        let mut conn = config.pool.acquire().await?;
-        state = match write_one(&mut conn, &write, now).await? {
-            super::completer::Written::Applied(s) => s,
-            super::completer::Written::AlreadyDone => Some("done".to_owned()),
-            super::completer::Written::Stale => None,
-        };
+    let span = attempt_span(&job);
+    async {
+        let (deadline, _) = tokio::sync::watch::channel(Instant::now() + handler.lease());
+        let ctx = attempt_context(config, &job, CancellationToken::new(), Arc::new(deadline));
+        let payload = std::mem::take(&mut job.payload);
+        let outcome = execute(&handler, ctx, payload, std::future::pending()).await;
+        tracing::Span::current().record("job.outcome", outcome.label());
+        let mut state = None;
+        if let Some(write) = outcome_write(&handler, &job, &outcome) {
+            let mut conn = config.pool.acquire().await?;
+            state = match write_one(&mut conn, &write, now).await? {
+                super::completer::Written::Applied(s) => s,
+                super::completer::Written::AlreadyDone => Some("done".to_owned()),
+                super::completer::Written::Stale => None,
+            };
+        }
+        Ok(DrainedAttempt {
+            id: crate::JobId(job.id),
+            kind: job.kind.clone(),
+            attempt: u32::try_from(job.attempt).unwrap_or(0),
+            outcome,
+            state,
+        })
     }
-    Ok(DrainedAttempt {
-        id: crate::JobId(job.id),
-        kind: job.kind,
-        attempt: u32::try_from(job.attempt).unwrap_or(0),
-        outcome,
-        state,
-    })
+    .instrument(span)
+    .await
 }
