@@ -1,7 +1,8 @@
 //! Run jobq jobs synchronously in tests.
 //!
-//! [`TestDatabase`] gives each test its own freshly created and migrated database and
-//! drops it afterwards.
+//! [`perform`] runs one attempt of a job inline, with no database, through the runtime's
+//! own execution path, and tells how it ended ([`Outcome`]). [`TestDatabase`] gives each
+//! test its own freshly created and migrated database and drops it afterwards.
 //!
 //! ```no_run
 //! # async fn t() -> Result<(), jobq::Error> {
@@ -14,5 +15,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod database;
+mod inline;
 
 pub use database::{DEFAULT_DATABASE_URL, TestDatabase, database_url};
+pub use inline::{Outcome, Perform, perform};
