@@ -2,10 +2,12 @@
 //!
 //! [`perform`] runs one attempt of a job inline, with no database, through the runtime's
 //! own execution path, and tells how it ended ([`Outcome`]). [`TestDatabase`] gives each
-//! test its own freshly created and migrated database and drops it afterwards.
+//! test its own freshly created and migrated database and drops it afterwards, on the
+//! server [`resolve_database_url`] finds (`DATABASE_URL`, the default URL, or a throwaway
+//! cluster when PostgreSQL is installed but not running).
 //!
 //! ```no_run
-//! # async fn t() -> Result<(), jobq::Error> {
+//! # async fn t() -> Result<(), jobq_testing::Error> {
 //! let db = jobq_testing::TestDatabase::new().await?;
 //! let pool = db.pool().clone();
 //! // ... enqueue, drain, assert ...
@@ -14,8 +16,14 @@
 //! ```
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod cluster;
 mod database;
+mod error;
 mod inline;
+mod resolve;
+mod sql;
 
-pub use database::{DEFAULT_DATABASE_URL, TestDatabase, database_url};
+pub use database::TestDatabase;
+pub use error::Error;
 pub use inline::{Outcome, Perform, perform};
+pub use resolve::{DEFAULT_DATABASE_URL, database_url, resolve_database_url};
