@@ -18,7 +18,17 @@ pub enum Error {
     /// The database returned an error.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
-    /// A jobq call failed (migrating, building the runtime, draining).
+    /// A jobq call failed (migrating, enqueueing).
     #[error(transparent)]
     Jobq(#[from] jobq::Error),
+    /// A stored job's payload does not decode as its type's args.
+    #[error("job {id} of kind `{kind}` has a payload that does not decode as its args: {message}")]
+    Decode {
+        /// The job's id.
+        id: jobq::JobId,
+        /// Its kind.
+        kind: String,
+        /// The decoder's complaint.
+        message: String,
+    },
 }

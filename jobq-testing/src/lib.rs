@@ -4,7 +4,9 @@
 //! own execution path, and tells how it ended ([`Outcome`]). [`TestDatabase`] gives each
 //! test its own freshly created and migrated database and drops it afterwards, on the
 //! server [`resolve_database_url`] finds (`DATABASE_URL`, the default URL, or a throwaway
-//! cluster when PostgreSQL is installed but not running).
+//! cluster when PostgreSQL is installed but not running). [`assert_enqueued`],
+//! [`assert_enqueued_with`], [`assert_not_enqueued`] and [`enqueued`] look at what was
+//! enqueued, inside the caller's own uncommitted transaction too.
 //!
 //! ```no_run
 //! # async fn t() -> Result<(), jobq_testing::Error> {
@@ -16,6 +18,7 @@
 //! ```
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod assert;
 mod cluster;
 mod database;
 mod error;
@@ -23,6 +26,10 @@ mod inline;
 mod resolve;
 mod sql;
 
+pub use assert::{
+    EnqueuedJob, assert_enqueued, assert_enqueued_with, assert_not_enqueued,
+    assert_not_enqueued_where, enqueued,
+};
 pub use database::TestDatabase;
 pub use error::Error;
 pub use inline::{Outcome, Perform, perform};

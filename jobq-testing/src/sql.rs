@@ -1,9 +1,10 @@
 //! Every SQL statement jobq-testing issues, one function each, named `noun_verb`.
 //!
 //! jobq's own `store` owns the statements of the runtime (claim, complete, fail); what is
-//! here only creates and drops test databases.
+//! here only creates and drops test databases and reads `jobq.jobs` for the assertions.
 
-use sqlx::PgConnection;
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, Row};
 
 /// Creates database `name` (a name this crate generated: `[a-z0-9_]` only).
 pub(crate) async fn database_create(conn: &mut PgConnection, name: &str) -> sqlx::Result<()> {
@@ -27,4 +28,57 @@ pub(crate) async fn database_drop(conn: &mut PgConnection, name: &str) -> sqlx::
 pub(crate) async fn server_ping(conn: &mut PgConnection) -> sqlx::Result<()> {
     sqlx::query("SELECT 1").execute(conn).await?;
     Ok(())
+}
+
+/// A row of `jobq.jobs`, as the assertions show it.
+#[derive(Debug, Clone)]
+pub(crate) struct JobRow {
+    pub(crate) id: i64,
+    pub(crate) queue: String,
+    pub(crate) priority: i16,
+    pub(crate) state: String,
+    pub(crate) attempts: i32,
+    pub(crate) max_attempts: i32,
+    pub(crate) run_after: DateTime<Utc>,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) last_error_code: Option<String>,
+    pub(crate) payload: serde_json::Value,
+}
+
+/// Every job of `kind` this connection can see (its own uncommitted inserts included),
+/// oldest first.
+pub(crate) async fn job_list_by_kind(
+    conn: &mut PgConnection,
+    kind: &str,
+) -> sqlx::Result<Vec<JobRow>> {
+    let rows = sqlx::query(
+        r#"
+        SELECT id, queue, priority, state, attempts, max_attempts, run_after, created_at,
+               idempotency_key, last_error_code, payload
+        FROM jobq.jobs
+        WHERE kind = $1
+        ORDER BY id
+        "#,
+    )
+    .bind(kind)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(JobRow {
+                id: r.try_get("id")?,
+                queue: r.try_get("queue")?,
+                priority: r.try_get("priority")?,
+                state: r.try_get("state")?,
+                attempts: r.try_get("attempts")?,
+                max_attempts: r.try_get("max_attempts")?,
+                run_after: r.try_get("run_after")?,
+                created_at: r.try_get("created_at")?,
+                idempotency_key: r.try_get("idempotency_key")?,
+                last_error_code: r.try_get("last_error_code")?,
+                payload: r.try_get("payload")?,
+            })
+        })
+        .collect()
 }
