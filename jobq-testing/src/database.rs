@@ -7,6 +7,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 
+use crate::drain::Drain;
 use crate::error::Error;
 use crate::resolve::resolve_database_url;
 use crate::sql;
@@ -21,7 +22,8 @@ use crate::sql;
 /// # async fn t() -> Result<(), jobq_testing::Error> {
 /// let db = jobq_testing::TestDatabase::new().await?;
 /// let pool = db.pool().clone();
-/// // ... enqueue, run, assert ...
+/// // ... enqueue through `pool`, then:
+/// let drained = db.drain().advance_clock(true).run().await?;
 /// db.close().await;
 /// # Ok(()) }
 /// ```
@@ -117,6 +119,11 @@ impl TestDatabase {
             .max_connections(max)
             .connect_with(self.options.clone())
             .await?)
+    }
+
+    /// A [`Drain`] over this database's pool.
+    pub fn drain(&self) -> Drain {
+        Drain::new(&self.pool)
     }
 
     /// Closes the pool and drops the database (other pools to it are cut off). A

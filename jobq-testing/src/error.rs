@@ -18,7 +18,7 @@ pub enum Error {
     /// The database returned an error.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
-    /// A jobq call failed (migrating, enqueueing).
+    /// A jobq call failed (migrating, building the runtime, draining).
     #[error(transparent)]
     Jobq(#[from] jobq::Error),
     /// A stored job's payload does not decode as its type's args.
@@ -30,5 +30,15 @@ pub enum Error {
         kind: String,
         /// The decoder's complaint.
         message: String,
+    },
+    /// [`Drain`](crate::Drain) ran its maximum number of rounds and jobs were still pending.
+    #[error(
+        "drain stopped after {rounds} rounds with jobs still pending ({pending}); raise Drain::max_rounds or look for a job that keeps enqueueing itself"
+    )]
+    DrainLimit {
+        /// Rounds run.
+        rounds: u32,
+        /// The first pending jobs, as `#id kind`.
+        pending: String,
     },
 }

@@ -4,7 +4,9 @@
 //! own execution path, and tells how it ended ([`Outcome`]). [`TestDatabase`] gives each
 //! test its own freshly created and migrated database and drops it afterwards, on the
 //! server [`resolve_database_url`] finds (`DATABASE_URL`, the default URL, or a throwaway
-//! cluster when PostgreSQL is installed but not running). [`assert_enqueued`],
+//! cluster when PostgreSQL is installed but not running). [`Drain`] runs every due job
+//! on the current task through `jobq::Runtime::drain`, moving its clock forward on
+//! request until every job is terminal. [`assert_enqueued`],
 //! [`assert_enqueued_with`], [`assert_not_enqueued`] and [`enqueued`] look at what was
 //! enqueued, inside the caller's own uncommitted transaction too.
 //!
@@ -12,7 +14,8 @@
 //! # async fn t() -> Result<(), jobq_testing::Error> {
 //! let db = jobq_testing::TestDatabase::new().await?;
 //! let pool = db.pool().clone();
-//! // ... enqueue, drain, assert ...
+//! // ... enqueue through `pool`, then:
+//! let drained = db.drain().advance_clock(true).run().await?;
 //! db.close().await;
 //! # Ok(()) }
 //! ```
@@ -21,6 +24,7 @@
 mod assert;
 mod cluster;
 mod database;
+mod drain;
 mod error;
 mod inline;
 mod resolve;
@@ -31,6 +35,7 @@ pub use assert::{
     assert_not_enqueued_where, enqueued,
 };
 pub use database::TestDatabase;
+pub use drain::{DEFAULT_MAX_ROUNDS, Drain, Drained};
 pub use error::Error;
 pub use inline::{Outcome, Perform, perform};
 pub use resolve::{DEFAULT_DATABASE_URL, database_url, resolve_database_url};

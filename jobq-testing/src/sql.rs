@@ -1,10 +1,11 @@
 //! Every SQL statement jobq-testing issues, one function each, named `noun_verb`.
 //!
 //! jobq's own `store` owns the statements of the runtime (claim, complete, fail); what is
-//! here only creates and drops test databases and reads `jobq.jobs` for the assertions.
+//! here only creates and drops test databases and reads `jobq.jobs` for drains and
+//! assertions.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, Row};
+use sqlx::{PgConnection, PgPool, Row};
 
 /// Creates database `name` (a name this crate generated: `[a-z0-9_]` only).
 pub(crate) async fn database_create(conn: &mut PgConnection, name: &str) -> sqlx::Result<()> {
@@ -28,6 +29,68 @@ pub(crate) async fn database_drop(conn: &mut PgConnection, name: &str) -> sqlx::
 pub(crate) async fn server_ping(conn: &mut PgConnection) -> sqlx::Result<()> {
     sqlx::query("SELECT 1").execute(conn).await?;
     Ok(())
+}
+
+/// The database's clock (start of this statement's transaction).
+pub(crate) async fn clock_now(pool: &PgPool) -> sqlx::Result<DateTime<Utc>> {
+    sqlx::query_scalar("SELECT now()").fetch_one(pool).await
+}
+
+/// Pending jobs of some kinds, per queue.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingQueue {
+    pub(crate) queue: String,
+    /// The earliest `run_after` among them.
+    pub(crate) earliest: DateTime<Utc>,
+}
+
+/// Queues holding `pending` jobs of `kinds`, due or not, with their earliest due time.
+pub(crate) async fn job_pending_queues(
+    pool: &PgPool,
+    kinds: &[String],
+) -> sqlx::Result<Vec<PendingQueue>> {
+    let rows = sqlx::query(
+        r#"
+        SELECT queue, min(run_after) AS earliest
+        FROM jobq.jobs
+        WHERE state = 'pending' AND kind = ANY($1)
+        GROUP BY queue
+        ORDER BY queue
+        "#,
+    )
+    .bind(kinds)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(PendingQueue {
+                queue: r.try_get("queue")?,
+                earliest: r.try_get("earliest")?,
+            })
+        })
+        .collect()
+}
+
+/// The first `limit` pending jobs of `kinds` in `queues`, as `(id, kind)`.
+pub(crate) async fn job_pending_sample(
+    pool: &PgPool,
+    kinds: &[String],
+    queues: &[String],
+    limit: i64,
+) -> sqlx::Result<Vec<(i64, String)>> {
+    sqlx::query_as(
+        r#"
+        SELECT id, kind FROM jobq.jobs
+        WHERE state = 'pending' AND kind = ANY($1) AND queue = ANY($2)
+        ORDER BY run_after, id
+        LIMIT $3
+        "#,
+    )
+    .bind(kinds)
+    .bind(queues)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
 }
 
 /// A row of `jobq.jobs`, as the assertions show it.
