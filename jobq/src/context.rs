@@ -341,6 +341,12 @@ impl JobContext {
         }
     }
 
+    /// A guard that cancels this attempt's token when dropped (the executor holds it for
+    /// the length of the attempt).
+    pub(crate) fn cancel_on_drop(&self) -> tokio_util::sync::DropGuard {
+        self.inner.cancel.clone().drop_guard()
+    }
+
     /// The fencing token `(id, attempt)` every write of this attempt carries.
     fn fence(&self) -> (i64, i32) {
         (

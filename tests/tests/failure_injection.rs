@@ -43,20 +43,6 @@ fn soak(name: &str, default: i64) -> i64 {
         .unwrap_or(default)
 }
 
-/// `DATABASE_URL` pointed at `db`.
-fn url_of(db: &TestDatabase) -> String {
-    let base = jobq_testing::database_url();
-    let (head, query) = match base.split_once('?') {
-        Some((h, q)) => (h.to_owned(), format!("?{q}")),
-        None => (base.clone(), String::new()),
-    };
-    let root = match head.rfind('/') {
-        Some(i) if i > "postgres://".len() => head[..i].to_owned(),
-        _ => head,
-    };
-    format!("{root}/{}{query}", db.name())
-}
-
 struct Harness {
     db: TestDatabase,
     url: String,
@@ -82,7 +68,7 @@ impl Harness {
         sqlx::query("UPDATE jobq.jobs SET queue = 'chaos'")
             .execute(db.pool())
             .await?;
-        let url = url_of(&db);
+        let url = db.url().to_owned();
         Ok(Harness {
             db,
             url,

@@ -67,6 +67,9 @@ pub(crate) async fn execute<I>(
 where
     I: Future<Output = AttemptOutcome>,
 {
+    // Cancelled however the attempt ends, so work the handler spawned with the context's
+    // token stops with it, before the job can run again.
+    let _cancel_on_exit = ctx.cancel_on_drop();
     let run = AssertUnwindSafe(handler.call(ctx, payload)).catch_unwind();
     let timed = async {
         match handler.timeout() {
@@ -197,8 +200,6 @@ pub(crate) async fn run_claimed(
         };
         let payload = std::mem::take(&mut job.payload);
         let outcome = execute(&handler, ctx, payload, stop).await;
-        // Work the handler spawned with the context's token stops too.
-        cancel.cancel();
         tracing::Span::current().record("job.outcome", outcome.label());
         let write = outcome_write(&handler, &job, &outcome);
         if let Some(write) = write {

@@ -360,7 +360,8 @@ impl Runtime {
 
     /// Runs every due job of the served kinds on the current task, one at a time, through
     /// the same execution path and the same fenced writes as the running runtime, until
-    /// no due job is left. `now` replaces the database's clock for "due" and for the
+    /// no due job is left (or after 100,000 attempts, so a handler that keeps enqueueing
+    /// due jobs cannot make it run forever). `now` replaces the database's clock for "due" and for the
     /// written times (`None`: the database's clock). For tests; `jobq-testing` builds its
     /// `drain` on it.
     ///

@@ -113,6 +113,10 @@ async fn claim(
     .await
 }
 
+/// The most attempts one `Runtime::drain` runs: a handler that keeps enqueueing due jobs
+/// of its own kind would otherwise never let it return.
+pub(crate) const MAX_DRAIN_ATTEMPTS: usize = 100_000;
+
 /// `Runtime::drain`: claims and runs due jobs on the current task until none is due.
 pub(crate) async fn drain(
     config: &Arc<Config>,
@@ -120,6 +124,13 @@ pub(crate) async fn drain(
 ) -> Result<DrainReport, Error> {
     let mut report = DrainReport::default();
     loop {
+        if report.attempts.len() >= MAX_DRAIN_ATTEMPTS {
+            warn!(
+                attempts = report.attempts.len(),
+                "drain stopped after {MAX_DRAIN_ATTEMPTS} attempts; jobs may still be due"
+            );
+            return Ok(report);
+        }
         let mut ran = 0;
         for queue in config.queues.keys() {
             for job in claim(config, queue, 100, now).await? {

@@ -235,7 +235,7 @@ pub(crate) async fn job_claim(
         UPDATE jobq.jobs j
         SET state = 'running',
             attempts = j.attempts + 1,
-            locked_until = now() + make_interval(secs => s.lease),
+            locked_until = coalesce($6, now()) + make_interval(secs => s.lease),
             locked_by = $5,
             started_at = coalesce($6, now())
         FROM candidates c, served s
