@@ -1,0 +1,1 @@
+//! Work in progress: the CLI end-to-end tests come with the CLI.
