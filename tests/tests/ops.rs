@@ -634,3 +634,128 @@ async fn a_failed_payload_is_corrected_validated_and_audited_then_replayed() -> 
     db.close().await;
     Ok(())
 }
+
+/// Runs 5–25 ms; attempts 1 and 2 fail retryably half the time. Records each execution.
+struct Churn;
+
+impl Job for Churn {
+    const KIND: &'static str = "churn";
+    const QUEUE: &'static str = "churn";
+    const RETRY: RetryPolicy = RetryPolicy::fixed(Duration::from_millis(50)).max(3);
+    type Args = N;
+    type Error = JobError;
+    async fn run(ctx: JobContext, args: N) -> Result<(), JobError> {
+        let pool = ctx.pool().cloned().expect("attached context");
+        sqlx::query("INSERT INTO executions (job_id, attempt) VALUES ($1, $2)")
+            .bind(ctx.id().0)
+            .bind(ctx.attempt() as i32)
+            .execute(&pool)
+            .await?;
+        let ms = 5 + (args.n * 7 + i64::from(ctx.attempt()) * 3) % 20;
+        tokio::time::sleep(Duration::from_millis(ms as u64)).await;
+        if ctx.attempt() < 3 && rand::random::<bool>() {
+            return Err(JobError::retryable("flaky", "try again"));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_actions_racing_two_busy_workers_keep_every_invariant() -> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    sqlx::query("CREATE TABLE executions (job_id bigint NOT NULL, attempt int NOT NULL)")
+        .execute(pool)
+        .await?;
+    let mut nodes = Vec::new();
+    for i in 0..2 {
+        let p = db.new_pool(6).await?;
+        nodes.push(
+            worker(&p, "churn", 4)
+                .register::<Churn>()
+                .worker_id(format!("churn-{i}"))
+                .heartbeat_interval(Duration::from_millis(100))
+                .build()?
+                .start()
+                .await?,
+        );
+    }
+    let ids: Vec<i64> = Churn::enqueue_many(pool, (0..300).map(|n| N { n }))
+        .await?
+        .iter()
+        .map(|e| e.id.0)
+        .collect();
+
+    // An operator hammers random jobs with every action while the workers churn.
+    let admin = Admin::new(pool.clone()).actor("chaos");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut applied = 0;
+    while tokio::time::Instant::now() < deadline {
+        let id = JobId(ids[rand::random_range(0..ids.len())]);
+        let result = match rand::random_range(0..3) {
+            0 => admin.replay(id, None).await.map(drop),
+            1 => admin.cancel(id, None).await.map(drop),
+            _ => admin.retry_now(id, None).await.map(drop),
+        };
+        match result {
+            Ok(()) => applied += 1,
+            Err(e) if e.code() == "wrong_state" => {}
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+    assert!(applied > 10, "only {applied} actions applied");
+    eprintln!("{applied} operator actions applied");
+
+    let settled = eventually(Duration::from_secs(30), || async {
+        count(pool, "pending").await + count(pool, "running").await == 0
+    })
+    .await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+    assert!(settled, "jobs did not settle");
+
+    // Every audited transition started from a state its action allows.
+    let bad: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT action, before_state, after_state FROM jobq.job_audit
+         WHERE NOT ((action = 'replay' AND before_state IN ('failed', 'cancelled') AND after_state = 'pending')
+                 OR (action = 'cancel' AND before_state IN ('pending', 'failed') AND after_state = 'cancelled')
+                 OR (action = 'cancel_requested' AND before_state = 'running' AND after_state = 'running')
+                 OR (action = 'retry_now' AND before_state = 'pending' AND after_state = 'pending'))",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert!(bad.is_empty(), "{bad:?}");
+    // No attempt ran twice (the fence held), and no job ran more attempts than it was
+    // allowed.
+    let twice: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT job_id, attempt FROM executions
+                               GROUP BY 1, 2 HAVING count(*) > 1) x",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(twice, 0);
+    let over: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobq.jobs j
+         WHERE j.attempts > j.max_attempts
+            OR j.attempts <> (SELECT count(*) FROM executions e WHERE e.job_id = j.id)",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(over, 0, "attempts match executions and stay within budget");
+    // A job whose last operator action was a cancel of a pending or failed job stayed
+    // cancelled; one cancelled while running ended cancelled or done.
+    let broken: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobq.jobs j
+         JOIN LATERAL (SELECT action FROM jobq.job_audit a WHERE a.job_id = j.id
+                       ORDER BY a.id DESC LIMIT 1) last ON true
+         WHERE (last.action = 'cancel' AND j.state <> 'cancelled')
+            OR (last.action = 'cancel_requested' AND j.state NOT IN ('cancelled', 'done'))",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(broken, 0);
+    db.close().await;
+    Ok(())
+}
