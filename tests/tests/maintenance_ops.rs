@@ -314,3 +314,106 @@ async fn leadership_passes_to_another_node_when_the_leader_dies() -> anyhow::Res
     db.close().await;
     Ok(())
 }
+
+struct Noop;
+
+impl jobq::Job for Noop {
+    const KIND: &'static str = "noop";
+    type Args = tests::N;
+    type Error = jobq::JobError;
+    async fn run(_ctx: jobq::JobContext, _args: tests::N) -> Result<(), jobq::JobError> {
+        Ok(())
+    }
+}
+
+async fn seed_old_done(pool: &PgPool, n: i64) {
+    sqlx::query(
+        "INSERT INTO jobq.jobs (kind, payload, state, finished_at)
+         SELECT 'old', '{}', 'done', now() - interval '8 days' FROM generate_series(1, $1)",
+    )
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn old_left(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM jobq.jobs WHERE kind = 'old'")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn prune_actors(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT actor FROM jobq.job_audit WHERE action = 'prune' ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_runtime_prunes_at_a_time_and_another_takes_over_when_it_stops() -> anyhow::Result<()> {
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let mut handles = Vec::new();
+    for name in ["node-a", "node-b"] {
+        let p = db.new_pool(4).await?;
+        let rt = jobq::Runtime::builder(p)
+            .auto_register(false)
+            .register::<Noop>()
+            .worker_id(name)
+            .reaper(None)
+            .pruner(Some(PrunerConfig {
+                interval: Duration::from_millis(100),
+                batch: 100,
+                actor: name.to_owned(),
+                ..PrunerConfig::default()
+            }))
+            .build()?;
+        handles.push(Some(rt.start().await?));
+    }
+    seed_old_done(pool, 450).await;
+    assert!(
+        tests::eventually(Duration::from_secs(10), || async {
+            old_left(pool).await == 0
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let actors = prune_actors(pool).await;
+    assert!(!actors.is_empty());
+    let leader = actors[0].clone();
+    assert!(
+        actors.iter().all(|a| *a == leader),
+        "only the leader prunes: {actors:?}"
+    );
+
+    // The leader's runtime stops; the other node becomes leader and prunes.
+    let idx = usize::from(leader == "node-b");
+    if let Some(h) = handles[idx].take() {
+        h.shutdown().await;
+    }
+    seed_old_done(pool, 120).await;
+    assert!(
+        tests::eventually(Duration::from_secs(10), || async {
+            old_left(pool).await == 0
+        })
+        .await
+    );
+    // The pass's audit row is written after its last batch.
+    let n = actors.len();
+    assert!(
+        tests::eventually(Duration::from_secs(5), || async {
+            prune_actors(pool).await.len() > n
+        })
+        .await
+    );
+    let actors = prune_actors(pool).await;
+    let last = actors.last().cloned().unwrap_or_default();
+    assert_ne!(last, leader, "the surviving node took over: {actors:?}");
+    for h in handles.into_iter().flatten() {
+        h.shutdown().await;
+    }
+    db.close().await;
+    Ok(())
+}

@@ -947,3 +947,51 @@ async fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_rates_and_times_parse() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86400)));
+        assert!(parse_duration("7w").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_rate("50/s"), Ok(50.0));
+        assert_eq!(parse_rate("120/m"), Ok(2.0));
+        assert_eq!(parse_rate("5"), Ok(5.0));
+        assert!(parse_rate("0/s").is_err());
+        assert!(parse_rate("fast").is_err());
+        let t = parse_time("2026-01-02T03:04:05Z").unwrap();
+        assert_eq!(t.to_rfc3339(), "2026-01-02T03:04:05+00:00");
+        let ago = Utc::now() - parse_time("2h").unwrap();
+        assert!((ago.num_seconds() - 7200).abs() < 5);
+    }
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/prod"),
+            "postgres://app:***@db:5432/prod"
+        );
+        assert_eq!(redact("postgres://app@db/prod"), "postgres://app@db/prod");
+    }
+
+    #[test]
+    fn tables_align_and_ages_read_well() {
+        let t = table(
+            &["A", "LONGER"],
+            &[
+                vec!["xyz".into(), "1".into()],
+                vec!["q".into(), "22".into()],
+            ],
+        );
+        assert_eq!(t, "A    LONGER\nxyz  1\nq    22\n");
+        assert_eq!(human_secs(3.25), "3.2s");
+        assert_eq!(human_secs(252.0), "4m12s");
+        assert_eq!(human_secs(7500.0), "2h05m");
+        assert_eq!(human_secs(3.0 * 86400.0 + 4.0 * 3600.0), "3d04h");
+    }
+}
