@@ -172,7 +172,7 @@ impl BulkReplay {
 /// What [`Admin::replay_many`] did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct BulkReplayReport {
-    /// Jobs that matched the filter when it started.
+    /// Jobs that matched the filter when it started (before `limit`).
     pub matched: u64,
     /// Jobs replayed (0 for a dry run).
     pub replayed: u64,
@@ -317,36 +317,29 @@ impl Admin {
         let started = tokio::time::Instant::now();
         let f = filter.store();
         let mut conn = self.pool.acquire().await?;
-        let matched = u64::try_from(store::job_count_terminal(&mut conn, &f).await?).unwrap_or(0);
-        let total = opts.limit.map_or(matched, |l| l.min(matched));
+        // What matches now, read once: later chunks need no rescans, and jobs that fail
+        // while the replay runs (perhaps because of it) are not swept up.
+        let mut ids = store::job_ids_terminal(&mut conn, &f, 0, i64::MAX).await?;
         let mut report = BulkReplayReport {
-            matched,
+            matched: ids.len() as u64,
             ..BulkReplayReport::default()
         };
+        if let Some(limit) = opts.limit {
+            ids.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        }
         if opts.dry_run {
             report.elapsed_secs = started.elapsed().as_secs_f64();
             return Ok(report);
         }
         // A tenth of a second's worth per statement: smooth, and a small lock footprint.
-        let chunk = ((opts.rate_per_sec / 10.0).ceil() as u64).clamp(1, 500);
-        let mut after = 0_i64;
-        let mut seen = 0_u64;
-        while seen < total {
-            let want = chunk.min(total - seen);
-            let ids = store::job_ids_terminal(
-                &mut conn,
-                &f,
-                after,
-                i64::try_from(want).unwrap_or(i64::MAX),
-            )
-            .await?;
-            let Some(&last) = ids.last() else { break };
-            after = last;
+        let chunk = ((opts.rate_per_sec / 10.0).ceil() as usize).clamp(1, 500);
+        let mut seen = 0_usize;
+        for ids in ids.chunks(chunk) {
             // Pace: the jobs before this chunk may not have gone faster than the rate.
             let due = started + Duration::from_secs_f64(seen as f64 / opts.rate_per_sec);
             tokio::time::sleep_until(due).await;
-            let done = store::job_replay_many(&mut conn, &ids, self.who(reason)).await?;
-            seen += ids.len() as u64;
+            let done = store::job_replay_many(&mut conn, ids, self.who(reason)).await?;
+            seen += ids.len();
             report.replayed += done.len() as u64;
             report.skipped += (ids.len() - done.len()) as u64;
             report.ids.extend(done.iter().map(|t| t.id));

@@ -501,25 +501,6 @@ pub(crate) async fn job_ids_terminal(
         .await?)
 }
 
-/// How many terminal jobs match `f`.
-pub(crate) async fn job_count_terminal(
-    conn: &mut PgConnection,
-    f: &TerminalFilter<'_>,
-) -> Result<i64, Error> {
-    let sql = format!(
-        "SELECT count(*) FROM jobq.jobs WHERE state IN ('failed', 'cancelled') AND {TERMINAL_WHERE}"
-    );
-    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(f.states)
-        .bind(f.kind)
-        .bind(f.queue)
-        .bind(f.code)
-        .bind(f.since)
-        .bind(f.until)
-        .fetch_one(&mut *conn)
-        .await?)
-}
-
 /// A job's state, for explaining why an action did not apply (`None`: no such job).
 pub(crate) async fn job_state_get(
     conn: &mut PgConnection,
