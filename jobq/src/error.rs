@@ -70,6 +70,27 @@ pub enum Error {
         #[source]
         source: sqlx::Error,
     },
+    /// An operator action named something that does not exist: a job id, a queue.
+    #[error("no such {what}: {name}")]
+    NotFound {
+        /// `job` or `queue`.
+        what: &'static str,
+        /// The id or name given.
+        name: String,
+    },
+    /// An operator action found the job in a state it does not apply to (replaying a
+    /// running job, retrying a job that is not waiting). Nothing was changed.
+    #[error("job {id} is {state}; {action} applies only to {expected} jobs")]
+    WrongState {
+        /// The job id.
+        id: i64,
+        /// The state the job is in.
+        state: String,
+        /// The action attempted.
+        action: &'static str,
+        /// The states the action applies to.
+        expected: &'static str,
+    },
 }
 
 impl Error {
@@ -83,6 +104,8 @@ impl Error {
             Error::Config(_) => "config",
             Error::LeaseLost { .. } => "lease_lost",
             Error::Migrate { .. } => "migrate",
+            Error::NotFound { .. } => "not_found",
+            Error::WrongState { .. } => "wrong_state",
         }
     }
 

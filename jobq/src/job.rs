@@ -146,7 +146,13 @@ pub trait Job: Send + Sync + 'static {
         async move {
             let jobs = prepared?;
             let mut conn = conn.acquire().await?;
-            store::job_insert_many(&mut conn, &jobs).await
+            let done = store::job_insert_many(&mut conn, &jobs).await?;
+            for (job, e) in jobs.iter().zip(&done) {
+                if !e.duplicate {
+                    crate::metrics::enqueued(&job.kind, &job.queue, 1);
+                }
+            }
+            Ok(done)
         }
     }
 }
@@ -267,7 +273,11 @@ impl<J: Job> EnqueueBuilder<J> {
         async move {
             let job = prepared?;
             let mut conn = conn.acquire().await?;
-            store::job_insert(&mut conn, &job).await
+            let e = store::job_insert(&mut conn, &job).await?;
+            if !e.duplicate {
+                crate::metrics::enqueued(&job.kind, &job.queue, 1);
+            }
+            Ok(e)
         }
     }
 

@@ -50,15 +50,18 @@
 //! ```
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod admin;
 mod context;
 mod error;
 mod job;
 pub mod maintenance;
+pub mod metrics;
 mod migrate;
 mod notify;
 mod registry;
 mod retry;
 mod runtime;
+pub mod stats;
 mod store;
 
 pub use context::JobContext;

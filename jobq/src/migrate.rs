@@ -23,11 +23,18 @@ pub struct Migration {
 }
 
 /// Every migration jobq has, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "jobs",
-    sql: include_str!("../migrations/0001_jobs.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "jobs",
+        sql: include_str!("../migrations/0001_jobs.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "operations",
+        sql: include_str!("../migrations/0002_operations.sql"),
+    },
+];
 
 /// An advisory-lock key only jobq's migrations use ("jobq" in ASCII).
 const MIGRATE_LOCK: i64 = 0x6a6f_6271;

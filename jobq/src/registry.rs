@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use serde::Deserialize;
 
 use crate::context::JobContext;
 use crate::error::{Classification, Classify, Error};
@@ -50,6 +51,7 @@ trait ErasedJob: Send + Sync + 'static {
     fn lease(&self) -> Duration;
     fn timeout(&self) -> Option<Duration>;
     fn retry(&self) -> RetryPolicy;
+    fn check(&self, payload: &serde_json::Value) -> Result<(), String>;
     fn run(
         &self,
         ctx: JobContext,
@@ -77,6 +79,11 @@ impl<J: Job> ErasedJob for Typed<J> {
     }
     fn retry(&self) -> RetryPolicy {
         J::RETRY
+    }
+    fn check(&self, payload: &serde_json::Value) -> Result<(), String> {
+        J::Args::deserialize(payload)
+            .map(drop)
+            .map_err(|e| format!("payload does not decode as the args of `{}`: {e}", J::KIND))
     }
     fn run(
         &self,
@@ -132,6 +139,15 @@ impl JobHandler {
     /// Its retry policy.
     pub fn retry(&self) -> RetryPolicy {
         self.inner.retry()
+    }
+
+    /// Whether `payload` decodes as this kind's args; the error says why not.
+    ///
+    /// # Errors
+    ///
+    /// The decoding error, for people.
+    pub fn check_payload(&self, payload: &serde_json::Value) -> Result<(), String> {
+        self.inner.check(payload)
     }
 
     /// Decodes `payload` and runs the handler; no timeout, no panic catching (the

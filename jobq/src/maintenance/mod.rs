@@ -1,11 +1,18 @@
 //! Maintenance services. Each has one shape: a config with defaults, a `run_once()` that
 //! does one pass and returns what it did (testable without timers), and a loop around it
-//! with an interval, jitter and cancellation.
+//! with an interval, jitter and cancellation — and, where only one node may act, a
+//! [`Leader`] gate.
 
+mod leader;
+mod pruner;
 mod reaper;
+mod workers;
 
 pub use crate::store::ReapReport;
+pub use leader::Leader;
+pub use pruner::{PRUNER_LOCK, PruneReport, Pruner, PrunerConfig, Retention};
 pub use reaper::{Reaper, ReaperConfig};
+pub use workers::{WorkerHeartbeat, WorkerHeartbeatConfig};
 
 use std::time::Duration;
 

@@ -174,6 +174,7 @@ pub(crate) async fn run_claimed(
             env.completer.write(write).await;
             return;
         };
+        crate::metrics::claimed(&job.kind, &job.queue, job.wait_secs);
         let lease = handler.lease();
         let (deadline_tx, deadline_rx) = tokio::sync::watch::channel(claim_sent + lease);
         let deadline = std::sync::Arc::new(deadline_tx);
@@ -204,7 +205,15 @@ pub(crate) async fn run_claimed(
         let write = outcome_write(&handler, &job, &outcome);
         if let Some(write) = write {
             let interrupted = matches!(write, super::completer::Write::HandBack { .. });
+            let code = match &write {
+                super::completer::Write::Fail { code, .. } => Some(code.clone()),
+                _ => None,
+            };
             let written = env.completer.write(write).await;
+            if let Some(super::completer::Written::Applied(Some(state))) = &written {
+                let secs = claim_sent.elapsed().as_secs_f64();
+                crate::metrics::finished(&job.kind, &job.queue, state, code.as_deref(), secs);
+            }
             if interrupted && matches!(written, Some(super::completer::Written::Applied(_))) {
                 env.running.count_handed_back();
             }

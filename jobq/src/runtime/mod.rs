@@ -25,7 +25,9 @@ use tracing::{info, warn};
 use crate::context::State;
 use crate::error::Error;
 use crate::job::Job;
-use crate::maintenance::{Reaper, ReaperConfig};
+use crate::maintenance::{
+    Pruner, PrunerConfig, Reaper, ReaperConfig, WorkerHeartbeat, WorkerHeartbeatConfig,
+};
 use crate::notify::{self, Wakers};
 use crate::registry::{JobHandler, Registry, registered_jobs};
 
@@ -51,6 +53,8 @@ pub struct RuntimeBuilder {
     listen: bool,
     worker_id: Option<String>,
     state: State,
+    pruner: Option<PrunerConfig>,
+    heartbeat: Option<WorkerHeartbeatConfig>,
 }
 
 impl RuntimeBuilder {
@@ -107,6 +111,20 @@ impl RuntimeBuilder {
     /// The reaper's settings; `None` runs no reaper in this runtime (another node must).
     pub fn reaper(mut self, config: Option<ReaperConfig>) -> Self {
         self.reaper = config;
+        self
+    }
+
+    /// The pruner's retention policy; `None` runs no pruner in this runtime. Every
+    /// runtime may run one: only the elected leader prunes.
+    pub fn pruner(mut self, config: Option<PrunerConfig>) -> Self {
+        self.pruner = config;
+        self
+    }
+
+    /// The worker heartbeat (its row in `jobq.workers`, which stats read to tell running
+    /// against capacity and unserved kinds, and the queue gauges); `None` runs none.
+    pub fn worker_heartbeat(mut self, config: Option<WorkerHeartbeatConfig>) -> Self {
+        self.heartbeat = config;
         self
     }
 
@@ -193,6 +211,8 @@ impl RuntimeBuilder {
                 reaper: self.reaper,
                 listen: self.listen,
                 state: self.state,
+                pruner: self.pruner,
+                heartbeat: self.heartbeat,
             }),
         })
     }
@@ -228,6 +248,8 @@ pub(crate) struct Config {
     pub(crate) reaper: Option<ReaperConfig>,
     pub(crate) listen: bool,
     pub(crate) state: State,
+    pub(crate) pruner: Option<PrunerConfig>,
+    pub(crate) heartbeat: Option<WorkerHeartbeatConfig>,
 }
 
 /// A configured runtime, not yet running.
@@ -249,7 +271,8 @@ pub struct Runtime {
 impl Runtime {
     /// A builder with defaults: every `#[jobq::job]` type in the binary, queue `default`
     /// and each type's queue at [`DEFAULT_CONCURRENCY`], 1 s polling, LISTEN on, reaper
-    /// on, 30 s shutdown timeout.
+    /// on, pruner on (leader-elected; 7 days for done jobs, 30 for failed and cancelled),
+    /// worker heartbeat on, 30 s shutdown timeout.
     pub fn builder(pool: PgPool) -> RuntimeBuilder {
         RuntimeBuilder {
             pool,
@@ -263,6 +286,8 @@ impl Runtime {
             listen: true,
             worker_id: None,
             state: State::default(),
+            pruner: Some(PrunerConfig::default()),
+            heartbeat: Some(WorkerHeartbeatConfig::default()),
         }
     }
 
@@ -331,6 +356,24 @@ impl Runtime {
         if let Some(rc) = config.reaper.clone() {
             let reaper = Reaper::new(config.pool.clone(), rc);
             services.push(tokio::spawn(reaper.run(stop_services.clone())));
+        }
+        if let Some(pc) = config.pruner.clone() {
+            let pruner = Pruner::new(config.pool.clone(), pc);
+            services.push(tokio::spawn(pruner.run(stop_services.clone())));
+        }
+        if let Some(hc) = config.heartbeat.clone() {
+            let leases = config
+                .lease_secs
+                .iter()
+                .map(|s| Duration::from_secs_f64(*s));
+            let beat = WorkerHeartbeat::new(
+                config.pool.clone(),
+                config.worker_id.clone(),
+                config.queues.iter().map(|(q, c)| (q.as_str(), *c)),
+                config.kinds.iter().map(String::as_str).zip(leases),
+                hc,
+            );
+            services.push(tokio::spawn(beat.run(stop_services.clone())));
         }
         Ok(RuntimeHandle {
             config,

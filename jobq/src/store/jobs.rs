@@ -197,6 +197,8 @@ pub(crate) struct ClaimedJob {
     pub(crate) payload: serde_json::Value,
     pub(crate) priority: i16,
     pub(crate) created_at: DateTime<Utc>,
+    /// How long the job waited between becoming due (`run_after`) and this claim.
+    pub(crate) wait_secs: f64,
 }
 
 /// What one claim asks for.
@@ -214,6 +216,7 @@ pub(crate) struct ClaimParams<'a> {
 /// Claims up to `limit` due jobs of `queue` in one statement: the candidates are locked in
 /// a MATERIALIZED CTE (`FOR UPDATE SKIP LOCKED LIMIT n`, so the planner cannot update more
 /// rows than the limit), then moved to `running` with `attempts + 1` and a lease.
+/// A queue an operator paused (`jobq.queues.paused`) yields nothing.
 pub(crate) async fn job_claim(
     conn: &mut PgConnection,
     p: &ClaimParams<'_>,
@@ -228,6 +231,7 @@ pub(crate) async fn job_claim(
             WHERE j.state = 'pending' AND j.queue = $1
               AND j.run_after <= coalesce($6, now())
               AND j.kind = ANY($2)
+              AND NOT EXISTS (SELECT 1 FROM jobq.queues q WHERE q.name = $1 AND q.paused)
             ORDER BY j.priority, j.run_after, j.id
             LIMIT $4
             FOR UPDATE SKIP LOCKED
@@ -241,7 +245,8 @@ pub(crate) async fn job_claim(
         FROM candidates c, served s
         WHERE j.id = c.id AND s.kind = j.kind
         RETURNING j.id, j.attempts, j.max_attempts, j.kind, j.queue, j.payload, j.priority,
-                  j.created_at
+                  j.created_at,
+                  greatest(extract(epoch FROM j.started_at - j.run_after), 0)::float8 AS wait_secs
         "#,
     )
     .bind(p.queue)
@@ -263,6 +268,7 @@ pub(crate) async fn job_claim(
             payload: row.try_get("payload")?,
             priority: row.try_get("priority")?,
             created_at: row.try_get("created_at")?,
+            wait_secs: row.try_get("wait_secs")?,
         });
     }
     // Oldest first, as the queue's order says; UPDATE … RETURNING keeps no order.

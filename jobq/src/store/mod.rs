@@ -5,16 +5,25 @@
 //! did not open, and take "now" as a parameter (`coalesce($n, now())`) where the clock
 //! matters, so tests can move time without sleeping. `None` means the database's clock.
 
+mod admin;
 mod effects;
 mod jobs;
 mod lease;
+mod prune;
+mod stats;
 #[cfg(test)]
 mod tests;
+mod workers;
 
+pub(crate) use admin::*;
+pub use admin::{AuditRow, JobRow, TerminalJob, Transition};
 pub(crate) use effects::*;
 pub(crate) use jobs::*;
 pub use lease::ReapReport;
 pub(crate) use lease::*;
+pub(crate) use prune::*;
+pub(crate) use stats::*;
+pub(crate) use workers::*;
 
 use chrono::{DateTime, Utc};
 

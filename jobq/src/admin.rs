@@ -1,0 +1,514 @@
+//! Operator actions: replay, cancel, retry now, payload correction, pause and resume —
+//! each fenced against concurrent workers and audited in `jobq.job_audit`.
+//!
+//! Every action is one statement that checks the state it expects on the row it changes
+//! (a replay touches only `failed` or `cancelled` jobs, never a `running` one) and writes
+//! its audit row (actor, action, reason, time, state before and after) in that same
+//! statement, so the action and its record commit together.
+//!
+//! ```no_run
+//! # async fn f(pool: sqlx::PgPool) -> Result<(), jobq::Error> {
+//! use jobq::admin::{Admin, BulkReplay, Filter};
+//!
+//! let admin = Admin::new(pool).actor("alice");
+//! admin.replay(jobq::JobId(42), Some("SMTP credentials fixed")).await?;
+//!
+//! // Every `smtp_auth` failure of the last day, 20 per second at most.
+//! let filter = Filter::default()
+//!     .kind("send_invoice")
+//!     .code("smtp_auth")
+//!     .since(chrono::Utc::now() - chrono::Duration::days(1));
+//! let report = admin
+//!     .replay_many(&filter, BulkReplay::at_rate(20.0), Some("SMTP credentials fixed"))
+//!     .await?;
+//! println!("replayed {} jobs", report.replayed);
+//! # Ok(()) }
+//! ```
+//!
+//! # Replay semantics
+//!
+//! A replayed job goes back to `pending`, due now, keeping its id, idempotency key, error
+//! history and attempt count. When its attempt budget is spent (`attempts >=
+//! max_attempts`), `max_attempts` becomes `attempts + 1`: a replay grants exactly one
+//! more attempt, in line with "try one, then replay at a bounded rate". A stale attempt of
+//! the job can never write over the replayed run: the next claim increments `attempts`,
+//! so the stale attempt's fencing token `(id, n)` no longer matches.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::error::Error;
+use crate::job::{Job, JobId, MAX_PAYLOAD_BYTES};
+use crate::registry::{JobHandler, registered_jobs};
+use crate::store::{self, Actor, TerminalFilter};
+
+pub use crate::store::{AuditRow, JobRow, TerminalJob, Transition};
+
+/// Operator actions over one pool, by one actor.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pool: PgPool,
+    actor: String,
+    handlers: BTreeMap<&'static str, JobHandler>,
+}
+
+/// Which terminal jobs [`Admin::failed`] lists and [`Admin::replay_many`] replays. The
+/// default selects every `failed` job.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only jobs whose last error has this code.
+    pub code: Option<String>,
+    /// Only jobs that finished at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only jobs that finished before this time.
+    pub until: Option<DateTime<Utc>>,
+    /// Cancelled jobs too, not only failed ones.
+    pub include_cancelled: bool,
+}
+
+impl Filter {
+    /// Only `kind`.
+    #[must_use]
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = Some(kind.into());
+        self
+    }
+
+    /// Only `queue`.
+    #[must_use]
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// Only last error code `code`.
+    #[must_use]
+    pub fn code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+
+    /// Finished at or after `at`.
+    #[must_use]
+    pub fn since(mut self, at: DateTime<Utc>) -> Self {
+        self.since = Some(at);
+        self
+    }
+
+    /// Finished before `at`.
+    #[must_use]
+    pub fn until(mut self, at: DateTime<Utc>) -> Self {
+        self.until = Some(at);
+        self
+    }
+
+    /// Cancelled jobs too.
+    #[must_use]
+    pub fn include_cancelled(mut self, yes: bool) -> Self {
+        self.include_cancelled = yes;
+        self
+    }
+
+    fn states(&self) -> &'static [&'static str] {
+        if self.include_cancelled {
+            &["failed", "cancelled"]
+        } else {
+            &["failed"]
+        }
+    }
+
+    fn store(&self) -> TerminalFilter<'_> {
+        TerminalFilter {
+            states: self.states(),
+            kind: self.kind.as_deref(),
+            queue: self.queue.as_deref(),
+            code: self.code.as_deref(),
+            since: self.since,
+            until: self.until,
+        }
+    }
+}
+
+/// How fast and how far [`Admin::replay_many`] goes.
+#[derive(Debug, Clone, Copy)]
+pub struct BulkReplay {
+    /// Jobs per second at most (default 10). Jobs are replayed in small chunks (a tenth
+    /// of a second's worth each), so no burst exceeds the rate.
+    pub rate_per_sec: f64,
+    /// Replay at most this many (default: all that match).
+    pub limit: Option<u64>,
+    /// Count what would be replayed, change nothing.
+    pub dry_run: bool,
+}
+
+impl Default for BulkReplay {
+    fn default() -> Self {
+        BulkReplay {
+            rate_per_sec: 10.0,
+            limit: None,
+            dry_run: false,
+        }
+    }
+}
+
+impl BulkReplay {
+    /// At most `rate_per_sec` jobs per second, all that match.
+    pub fn at_rate(rate_per_sec: f64) -> Self {
+        BulkReplay {
+            rate_per_sec,
+            ..BulkReplay::default()
+        }
+    }
+}
+
+/// What [`Admin::replay_many`] did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct BulkReplayReport {
+    /// Jobs that matched the filter when it started (before `limit`).
+    pub matched: u64,
+    /// Jobs replayed (0 for a dry run).
+    pub replayed: u64,
+    /// Matched jobs whose state changed before their turn (a concurrent replay, cancel
+    /// or prune); left alone.
+    pub skipped: u64,
+    /// The replayed ids, ascending.
+    pub ids: Vec<i64>,
+    /// Wall time taken, in seconds.
+    pub elapsed_secs: f64,
+}
+
+/// What pausing or resuming a queue did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QueueChange {
+    /// The queue.
+    pub queue: String,
+    /// Whether it was paused before.
+    pub was_paused: bool,
+    /// Whether it is paused now.
+    pub paused: bool,
+}
+
+/// One job with its audit trail, as [`Admin::job`] returns it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobDetail {
+    /// Every column of the job (the error history is `job.errors`).
+    pub job: JobRow,
+    /// Every operator action on it, oldest first.
+    pub audit: Vec<AuditRow>,
+}
+
+/// The actor written when none is set: `$USER`, or `unknown`.
+pub fn default_actor() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+impl Admin {
+    /// Actions over `pool`, as [`default_actor`], validating corrected payloads against
+    /// every `#[jobq::job]` type linked into the binary.
+    pub fn new(pool: PgPool) -> Self {
+        let handlers = registered_jobs()
+            .into_iter()
+            .map(|h| (h.kind(), h))
+            .collect();
+        Admin {
+            pool,
+            actor: default_actor(),
+            handlers,
+        }
+    }
+
+    /// Who acts, as written to the audit rows.
+    #[must_use]
+    pub fn actor(mut self, actor: impl Into<String>) -> Self {
+        self.actor = actor.into();
+        self
+    }
+
+    /// Validates corrected payloads of `J`'s kind against `J::Args`.
+    #[must_use]
+    pub fn register<J: Job>(mut self) -> Self {
+        let h = JobHandler::of::<J>();
+        self.handlers.insert(h.kind(), h);
+        self
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn who<'a>(&'a self, reason: Option<&'a str>) -> Actor<'a> {
+        Actor {
+            name: &self.actor,
+            reason,
+        }
+    }
+
+    /// Explains why an action found nothing to change.
+    async fn refuse(&self, id: JobId, action: &'static str, expected: &'static str) -> Error {
+        let state = match self.pool.acquire().await {
+            Ok(mut conn) => store::job_state_get(&mut conn, id.0).await,
+            Err(e) => Err(e.into()),
+        };
+        match state {
+            Ok(Some(state)) => Error::WrongState {
+                id: id.0,
+                state,
+                action,
+                expected,
+            },
+            Ok(None) => Error::NotFound {
+                what: "job",
+                name: id.to_string(),
+            },
+            Err(e) => e,
+        }
+    }
+
+    /// Replays one `failed` or `cancelled` job (see the [module docs](self) for what
+    /// replay keeps and changes).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] for an unknown id, [`Error::WrongState`] when the job is not
+    /// `failed` or `cancelled` (a running job is never touched), [`Error::Database`] when
+    /// the database cannot be reached.
+    pub async fn replay(&self, id: JobId, reason: Option<&str>) -> Result<Transition, Error> {
+        let mut conn = self.pool.acquire().await?;
+        let mut t = store::job_replay_many(&mut conn, &[id.0], self.who(reason)).await?;
+        drop(conn);
+        match t.pop() {
+            Some(t) => Ok(t),
+            None => Err(self.refuse(id, "replay", "failed or cancelled").await),
+        }
+    }
+
+    /// Replays every job `filter` matches, at most `opts.rate_per_sec` per second, in
+    /// ascending id order; each job gets its own audit row. Jobs whose state changed in
+    /// the meantime are skipped, not forced.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a rate that is not positive, [`Error::Database`] when the
+    /// database cannot be reached (jobs replayed before it stay replayed).
+    pub async fn replay_many(
+        &self,
+        filter: &Filter,
+        opts: BulkReplay,
+        reason: Option<&str>,
+    ) -> Result<BulkReplayReport, Error> {
+        if !(opts.rate_per_sec.is_finite() && opts.rate_per_sec > 0.0) {
+            return Err(Error::Config(format!(
+                "replay rate must be a positive number of jobs per second, got {}",
+                opts.rate_per_sec
+            )));
+        }
+        let started = tokio::time::Instant::now();
+        let f = filter.store();
+        let mut conn = self.pool.acquire().await?;
+        // What matches now, read once: later chunks need no rescans, and jobs that fail
+        // while the replay runs (perhaps because of it) are not swept up.
+        let mut ids = store::job_ids_terminal(&mut conn, &f, 0, i64::MAX).await?;
+        let mut report = BulkReplayReport {
+            matched: ids.len() as u64,
+            ..BulkReplayReport::default()
+        };
+        if let Some(limit) = opts.limit {
+            ids.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        }
+        if opts.dry_run {
+            report.elapsed_secs = started.elapsed().as_secs_f64();
+            return Ok(report);
+        }
+        // A tenth of a second's worth per statement: smooth, and a small lock footprint.
+        let chunk = ((opts.rate_per_sec / 10.0).ceil() as usize).clamp(1, 500);
+        let mut seen = 0_usize;
+        for ids in ids.chunks(chunk) {
+            // Pace: the jobs before this chunk may not have gone faster than the rate.
+            let due = started + Duration::from_secs_f64(seen as f64 / opts.rate_per_sec);
+            tokio::time::sleep_until(due).await;
+            let done = store::job_replay_many(&mut conn, ids, self.who(reason)).await?;
+            seen += ids.len();
+            report.replayed += done.len() as u64;
+            report.skipped += (ids.len() - done.len()) as u64;
+            report.ids.extend(done.iter().map(|t| t.id));
+        }
+        report.elapsed_secs = started.elapsed().as_secs_f64();
+        Ok(report)
+    }
+
+    /// Cancels a job: `pending` or `failed` becomes `cancelled` at once; a `running` job
+    /// finishes its attempt, then becomes `cancelled` instead of retrying (its context's
+    /// cancellation fires at its next heartbeat). The returned transition's `after` is
+    /// `running` in that case.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] for an unknown id, [`Error::WrongState`] for a `done` or
+    /// `cancelled` job (or a running one already asked to cancel), [`Error::Database`]
+    /// when the database cannot be reached.
+    pub async fn cancel(&self, id: JobId, reason: Option<&str>) -> Result<Transition, Error> {
+        let mut conn = self.pool.acquire().await?;
+        let t = store::job_cancel(&mut conn, id.0, self.who(reason)).await?;
+        drop(conn);
+        match t {
+            Some(t) => Ok(t),
+            None => Err(self
+                .refuse(id, "cancel", "pending, failed or running")
+                .await),
+        }
+    }
+
+    /// Makes a `pending` job that waits for its backoff (or its scheduled time) due now.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] for an unknown id, [`Error::WrongState`] when the job is not
+    /// pending or already due, [`Error::Database`] when the database cannot be reached.
+    pub async fn retry_now(&self, id: JobId, reason: Option<&str>) -> Result<Transition, Error> {
+        let mut conn = self.pool.acquire().await?;
+        let t = store::job_retry_now(&mut conn, id.0, self.who(reason), None).await?;
+        drop(conn);
+        match t {
+            Some(t) => Ok(t),
+            None => Err(self.refuse(id, "retry-now", "waiting pending").await),
+        }
+    }
+
+    /// Replaces the payload of a `failed` or `cancelled` job, typically before a replay.
+    /// Where the kind is known to this process (a `#[jobq::job]` type linked in, or
+    /// [`register`](Self::register)ed), the payload must decode as its args. The audit
+    /// row keeps the payload before and after.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] (`invalid_payload`, `payload_too_large`) for a payload that
+    /// does not decode or is too large, [`Error::NotFound`], [`Error::WrongState`] for a
+    /// job that is not failed or cancelled, [`Error::Database`].
+    pub async fn edit_payload(
+        &self,
+        id: JobId,
+        payload: serde_json::Value,
+        reason: Option<&str>,
+    ) -> Result<Transition, Error> {
+        let mut conn = self.pool.acquire().await?;
+        let Some(job) = store::job_get(&mut conn, id.0).await? else {
+            return Err(Error::NotFound {
+                what: "job",
+                name: id.to_string(),
+            });
+        };
+        if let Some(h) = self.handlers.get(job.kind.as_str()) {
+            h.check_payload(&payload)
+                .map_err(|m| Error::invalid("invalid_payload", m))?;
+        }
+        let text = payload.to_string();
+        if text.len() > MAX_PAYLOAD_BYTES {
+            return Err(Error::invalid(
+                "payload_too_large",
+                format!(
+                    "payload is {} bytes; the limit is {MAX_PAYLOAD_BYTES}",
+                    text.len()
+                ),
+            ));
+        }
+        let t = store::job_payload_update(&mut conn, id.0, &text, self.who(reason)).await?;
+        drop(conn);
+        match t {
+            Some(t) => Ok(t),
+            None => Err(self.refuse(id, "edit-payload", "failed or cancelled").await),
+        }
+    }
+
+    /// Pauses `queue`: producers on every node stop claiming from it at their next claim
+    /// (within a poll interval). Running attempts finish normally; nothing is lost.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] for a queue that has no jobs, no worker and no settings,
+    /// [`Error::Invalid`] for a bad name, [`Error::Database`].
+    pub async fn pause(&self, queue: &str, reason: Option<&str>) -> Result<QueueChange, Error> {
+        self.set_paused(queue, true, reason).await
+    }
+
+    /// Resumes a paused `queue` and wakes its producers.
+    ///
+    /// # Errors
+    ///
+    /// As [`pause`](Self::pause).
+    pub async fn resume(&self, queue: &str, reason: Option<&str>) -> Result<QueueChange, Error> {
+        self.set_paused(queue, false, reason).await
+    }
+
+    async fn set_paused(
+        &self,
+        queue: &str,
+        paused: bool,
+        reason: Option<&str>,
+    ) -> Result<QueueChange, Error> {
+        store::validate_name("queue", queue, crate::job::MAX_QUEUE_LEN)?;
+        let mut conn = self.pool.acquire().await?;
+        if !store::queue_exists(&mut conn, queue).await? {
+            return Err(Error::NotFound {
+                what: "queue",
+                name: queue.to_owned(),
+            });
+        }
+        let was_paused =
+            store::queue_set_paused(&mut conn, queue, paused, self.who(reason)).await?;
+        Ok(QueueChange {
+            queue: queue.to_owned(),
+            was_paused,
+            paused,
+        })
+    }
+
+    /// One job, every column, with its audit trail.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] for an unknown id, [`Error::Database`].
+    pub async fn job(&self, id: JobId) -> Result<JobDetail, Error> {
+        let mut conn = self.pool.acquire().await?;
+        let Some(job) = store::job_get(&mut conn, id.0).await? else {
+            return Err(Error::NotFound {
+                what: "job",
+                name: id.to_string(),
+            });
+        };
+        let audit = store::audit_list_for_job(&mut conn, id.0).await?;
+        Ok(JobDetail { job, audit })
+    }
+
+    /// Failed (and, with [`Filter::include_cancelled`], cancelled) jobs matching
+    /// `filter`, most recently finished first, at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`].
+    pub async fn failed(&self, filter: &Filter, limit: u32) -> Result<Vec<TerminalJob>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        store::job_list_terminal(&mut conn, &filter.store(), i64::from(limit)).await
+    }
+
+    /// The most recent audit rows, newest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`].
+    pub async fn audit(&self, limit: u32) -> Result<Vec<AuditRow>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        store::audit_list_recent(&mut conn, i64::from(limit)).await
+    }
+}

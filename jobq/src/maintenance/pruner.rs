@@ -1,0 +1,277 @@
+//! The pruner: deletes terminal jobs once they are older than the retention policy, in
+//! bounded batches, on one node at a time.
+//!
+//! Policy (defaults): `done` jobs go 7 days after they finished; `failed` and `cancelled`
+//! jobs 30 days after (long enough to notice, fix and replay them). Each kind may have
+//! its own [`Retention`]. A job's effect-ledger rows are deleted with the job and never
+//! before, so an effect key outlives every possible replay of its job. Each statement
+//! deletes at most [`PrunerConfig::batch`] rows (`FOR UPDATE SKIP LOCKED`), so pruning
+//! never holds long locks or blocks workers. Only the leader (an advisory lock on a
+//! dedicated connection, see [`Leader`](super::Leader)) prunes; when it dies, another
+//! node takes over at its next interval.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::Leader;
+use crate::error::Error;
+use crate::store::{self, PruneParams};
+
+/// The advisory-lock key of the pruner's leader election ("jobqprun" in ASCII).
+pub const PRUNER_LOCK: i64 = 0x6a6f_6271_7072_756e;
+
+/// How long terminal jobs are kept after they finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// `done` jobs (default 7 days).
+    pub done_after: Duration,
+    /// `failed` jobs (default 30 days).
+    pub failed_after: Duration,
+    /// `cancelled` jobs (default 30 days).
+    pub cancelled_after: Duration,
+}
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            done_after: DAY * 7,
+            failed_after: DAY * 30,
+            cancelled_after: DAY * 30,
+        }
+    }
+}
+
+/// The pruner's settings.
+#[derive(Debug, Clone)]
+pub struct PrunerConfig {
+    /// Time between passes (default 60 s).
+    pub interval: Duration,
+    /// `done` jobs are deleted this long after they finished (default 7 days).
+    pub done_after: Duration,
+    /// `failed` jobs (default 30 days).
+    pub failed_after: Duration,
+    /// `cancelled` jobs (default 30 days).
+    pub cancelled_after: Duration,
+    /// Kinds with their own retention, replacing the three above for that kind.
+    pub per_kind: HashMap<String, Retention>,
+    /// The most rows one statement deletes (default 1,000).
+    pub batch: i64,
+    /// The actor written to the pass's audit row (default `pruner`).
+    pub actor: String,
+}
+
+impl Default for PrunerConfig {
+    fn default() -> Self {
+        let r = Retention::default();
+        PrunerConfig {
+            interval: Duration::from_secs(60),
+            done_after: r.done_after,
+            failed_after: r.failed_after,
+            cancelled_after: r.cancelled_after,
+            per_kind: HashMap::new(),
+            batch: 1000,
+            actor: "pruner".to_owned(),
+        }
+    }
+}
+
+/// What a pass deleted (or, for a dry run, would delete).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PruneReport {
+    /// `done` jobs.
+    pub done: u64,
+    /// `failed` jobs.
+    pub failed: u64,
+    /// `cancelled` jobs.
+    pub cancelled: u64,
+    /// Delete statements run.
+    pub batches: u64,
+}
+
+impl PruneReport {
+    /// All jobs.
+    pub fn total(&self) -> u64 {
+        self.done + self.failed + self.cancelled
+    }
+}
+
+/// Deletes terminal jobs past their retention.
+#[derive(Debug, Clone)]
+pub struct Pruner {
+    pool: PgPool,
+    config: PrunerConfig,
+}
+
+/// One delete rule: a state, an age, and which kinds.
+struct Rule<'a> {
+    state: &'static str,
+    age: Duration,
+    kind: Option<&'a str>,
+}
+
+impl Pruner {
+    /// A pruner over `pool`.
+    pub fn new(pool: PgPool, config: PrunerConfig) -> Self {
+        Pruner { pool, config }
+    }
+
+    fn rules(&self) -> Vec<Rule<'_>> {
+        let c = &self.config;
+        let mut rules = vec![
+            Rule {
+                state: "done",
+                age: c.done_after,
+                kind: None,
+            },
+            Rule {
+                state: "failed",
+                age: c.failed_after,
+                kind: None,
+            },
+            Rule {
+                state: "cancelled",
+                age: c.cancelled_after,
+                kind: None,
+            },
+        ];
+        for (kind, r) in &c.per_kind {
+            rules.push(Rule {
+                state: "done",
+                age: r.done_after,
+                kind: Some(kind),
+            });
+            rules.push(Rule {
+                state: "failed",
+                age: r.failed_after,
+                kind: Some(kind),
+            });
+            rules.push(Rule {
+                state: "cancelled",
+                age: r.cancelled_after,
+                kind: Some(kind),
+            });
+        }
+        rules
+    }
+
+    async fn now(&self, now: Option<DateTime<Utc>>) -> Result<DateTime<Utc>, Error> {
+        match now {
+            Some(now) => Ok(now),
+            None => store::db_now(&mut *self.pool.acquire().await?).await,
+        }
+    }
+
+    /// One pass, by the database's clock: every rule, batch after batch, until less than
+    /// a batch is due. Writes one `prune` audit row when it deleted anything.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the database cannot be reached (batches already deleted
+    /// stay deleted).
+    pub async fn run_once(&self) -> Result<PruneReport, Error> {
+        self.run_once_at(None).await
+    }
+
+    /// One pass as if the time were `now` (`None`: the database's clock).
+    ///
+    /// # Errors
+    ///
+    /// As [`run_once`](Self::run_once).
+    pub async fn run_once_at(&self, now: Option<DateTime<Utc>>) -> Result<PruneReport, Error> {
+        let now = self.now(now).await?;
+        let except: Vec<String> = self.config.per_kind.keys().cloned().collect();
+        let batch = self.config.batch.max(1);
+        let mut report = PruneReport::default();
+        for rule in self.rules() {
+            let p = params(&rule, now, &except);
+            loop {
+                let mut conn = self.pool.acquire().await?;
+                let n = store::job_prune_batch(&mut conn, &p, batch).await?;
+                report.batches += 1;
+                add(&mut report, rule.state, n);
+                if n < u64::try_from(batch).unwrap_or(u64::MAX) {
+                    break;
+                }
+            }
+        }
+        if report.total() > 0 {
+            let detail = serde_json::to_value(report).unwrap_or_default();
+            let mut conn = self.pool.acquire().await?;
+            store::audit_insert_prune(&mut conn, &self.config.actor, &detail).await?;
+        }
+        Ok(report)
+    }
+
+    /// Counts what a pass at `now` would delete; deletes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the database cannot be reached.
+    pub async fn dry_run(&self, now: Option<DateTime<Utc>>) -> Result<PruneReport, Error> {
+        let now = self.now(now).await?;
+        let except: Vec<String> = self.config.per_kind.keys().cloned().collect();
+        let mut report = PruneReport::default();
+        let mut conn = self.pool.acquire().await?;
+        for rule in self.rules() {
+            let n = store::job_prune_count(&mut conn, &params(&rule, now, &except)).await?;
+            add(&mut report, rule.state, n);
+        }
+        Ok(report)
+    }
+
+    /// Runs a pass every (jittered) interval while this node leads, until `stop`.
+    pub async fn run(self, stop: CancellationToken) {
+        let mut leader = Leader::new(self.pool.clone(), PRUNER_LOCK);
+        loop {
+            if leader.check().await {
+                match self.run_once().await {
+                    Ok(r) if r.total() > 0 => info!(
+                        done = r.done,
+                        failed = r.failed,
+                        cancelled = r.cancelled,
+                        batches = r.batches,
+                        "pruner deleted jobs past their retention"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "pruner pass failed"),
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(super::jittered(self.config.interval)) => {}
+            }
+        }
+        leader.resign().await;
+    }
+}
+
+fn params<'a>(rule: &Rule<'a>, now: DateTime<Utc>, except: &'a [String]) -> PruneParams<'a> {
+    let age = chrono::Duration::from_std(rule.age).unwrap_or(chrono::Duration::MAX);
+    PruneParams {
+        state: rule.state,
+        // A retention too long to subtract keeps everything: year 1 is before any row.
+        before: now
+            .checked_sub_signed(age)
+            .filter(|t| chrono::Datelike::year(t) >= 1)
+            .or_else(|| DateTime::from_timestamp(-62_135_596_800, 0))
+            .unwrap_or(now),
+        kind: rule.kind,
+        except_kinds: except,
+    }
+}
+
+fn add(report: &mut PruneReport, state: &str, n: u64) {
+    match state {
+        "done" => report.done += n,
+        "failed" => report.failed += n,
+        _ => report.cancelled += n,
+    }
+}

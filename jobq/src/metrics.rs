@@ -1,0 +1,76 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade. jobq only records;
+//! install any recorder (a Prometheus or OpenTelemetry exporter) to collect them. With no
+//! recorder installed, recording costs next to nothing.
+//!
+//! | name | type | labels | when |
+//! | --- | --- | --- | --- |
+//! | `jobq_jobs_enqueued_total` | counter | `kind`, `queue` | an enqueue inserted a job (duplicates by idempotency key are not counted; an enqueue whose transaction later rolls back is) |
+//! | `jobq_jobs_completed_total` | counter | `kind`, `queue` | an attempt's success was written |
+//! | `jobq_jobs_retried_total` | counter | `kind`, `queue`, `code` | a failed attempt was written and the job will be retried |
+//! | `jobq_jobs_failed_total` | counter | `kind`, `queue`, `code` | a job reached `failed` |
+//! | `jobq_jobs_cancelled_total` | counter | `kind`, `queue` | a job reached `cancelled` |
+//! | `jobq_job_duration_seconds` | histogram | `kind`, `queue`, `outcome` | claim to outcome of one attempt |
+//! | `jobq_job_wait_seconds` | histogram | `kind`, `queue` | due (`run_after`) to claim |
+//! | `jobq_queue_depth` | gauge | `queue` | due pending jobs, refreshed by each runtime's worker heartbeat |
+//! | `jobq_queue_oldest_age_seconds` | gauge | `queue` | now − `run_after` of the oldest due job |
+
+/// Counter: jobs inserted by enqueue.
+pub const JOBS_ENQUEUED: &str = "jobq_jobs_enqueued_total";
+/// Counter: attempts that completed their job.
+pub const JOBS_COMPLETED: &str = "jobq_jobs_completed_total";
+/// Counter: failed attempts that will be retried.
+pub const JOBS_RETRIED: &str = "jobq_jobs_retried_total";
+/// Counter: jobs that reached `failed`.
+pub const JOBS_FAILED: &str = "jobq_jobs_failed_total";
+/// Counter: jobs that reached `cancelled`.
+pub const JOBS_CANCELLED: &str = "jobq_jobs_cancelled_total";
+/// Histogram: one attempt's run time, claim to outcome, seconds.
+pub const JOB_DURATION: &str = "jobq_job_duration_seconds";
+/// Histogram: due to claim, seconds.
+pub const JOB_WAIT: &str = "jobq_job_wait_seconds";
+/// Gauge: due pending jobs per queue.
+pub const QUEUE_DEPTH: &str = "jobq_queue_depth";
+/// Gauge: age of the oldest due job per queue, seconds.
+pub const QUEUE_OLDEST_AGE: &str = "jobq_queue_oldest_age_seconds";
+
+pub(crate) fn enqueued(kind: &str, queue: &str, n: u64) {
+    if n > 0 {
+        metrics::counter!(JOBS_ENQUEUED, "kind" => kind.to_owned(), "queue" => queue.to_owned())
+            .increment(n);
+    }
+}
+
+pub(crate) fn claimed(kind: &str, queue: &str, wait_secs: f64) {
+    metrics::histogram!(JOB_WAIT, "kind" => kind.to_owned(), "queue" => queue.to_owned())
+        .record(wait_secs);
+}
+
+/// Records an attempt whose outcome was written, leaving the job in `state`.
+pub(crate) fn finished(kind: &str, queue: &str, state: &str, code: Option<&str>, secs: f64) {
+    let (k, q) = (kind.to_owned(), queue.to_owned());
+    let code = code.unwrap_or("none").to_owned();
+    match state {
+        "done" => metrics::counter!(JOBS_COMPLETED, "kind" => k.clone(), "queue" => q.clone())
+            .increment(1),
+        "pending" => metrics::counter!(JOBS_RETRIED, "kind" => k.clone(), "queue" => q.clone(), "code" => code)
+            .increment(1),
+        "failed" => metrics::counter!(JOBS_FAILED, "kind" => k.clone(), "queue" => q.clone(), "code" => code)
+            .increment(1),
+        "cancelled" => metrics::counter!(JOBS_CANCELLED, "kind" => k.clone(), "queue" => q.clone())
+            .increment(1),
+        _ => {}
+    }
+    let outcome = match state {
+        "done" => "done",
+        "pending" => "retried",
+        "failed" => "failed",
+        "cancelled" => "cancelled",
+        _ => "other",
+    };
+    metrics::histogram!(JOB_DURATION, "kind" => k, "queue" => q, "outcome" => outcome).record(secs);
+}
+
+pub(crate) fn queue_gauges(queue: &str, depth: i64, oldest_age_secs: f64) {
+    metrics::gauge!(QUEUE_DEPTH, "queue" => queue.to_owned()).set(depth as f64);
+    metrics::gauge!(QUEUE_OLDEST_AGE, "queue" => queue.to_owned()).set(oldest_age_secs);
+}

@@ -1,0 +1,296 @@
+//! The `jobq` binary end to end: each command run as a process against a real database,
+//! its `--json` output parsed and its tables checked.
+
+use std::process::{Command, Output};
+
+use jobq_testing::TestDatabase;
+use serde_json::Value;
+
+fn url(db: &TestDatabase) -> String {
+    let base = jobq_testing::database_url();
+    let (server, _) = base.rsplit_once('/').unwrap_or((&base, ""));
+    format!("{server}/{}", db.name())
+}
+
+fn jobq(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_jobq"))
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env("USER", "ops-test")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("the jobq binary runs")
+}
+
+/// Runs a command that must succeed; returns its stdout.
+fn ok(url: &str, args: &[&str]) -> String {
+    let out = jobq(url, args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "jobq {args:?} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Runs a command that must fail; returns its stderr.
+fn err(url: &str, args: &[&str]) -> String {
+    let out = jobq(url, args);
+    assert!(!out.status.success(), "jobq {args:?} should have failed");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn json(url: &str, args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = ok(url, &all);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+async fn seed(db: &TestDatabase) {
+    sqlx::raw_sql(
+        r#"
+        INSERT INTO jobq.jobs (kind, queue, payload, state, attempts, max_attempts, started_at,
+                               finished_at, last_error_code, last_error, errors)
+            SELECT 'send_invoice', 'mail', jsonb_build_object('invoice_id', i), 'failed', 3, 3,
+                   now() - interval '70 seconds', now() - interval '10 seconds',
+                   CASE WHEN i <= 4 THEN 'smtp_auth' ELSE 'bad_address' END,
+                   'the mail server said no',
+                   jsonb_build_array(jsonb_build_object('attempt', 3, 'at', now(),
+                       'code', 'smtp_auth', 'message', 'the mail server said no',
+                       'disposition', 'retryable'))
+            FROM generate_series(1, 5) i;
+        INSERT INTO jobq.jobs (kind, queue, payload, state, attempts, started_at, finished_at)
+            SELECT 'send_invoice', 'mail', '{}', 'done', 1, now() - interval '2 seconds', now()
+            FROM generate_series(1, 10);
+        INSERT INTO jobq.jobs (kind, queue, payload, run_after, created_at)
+            VALUES ('report', 'mail', '{}', now() - interval '5 minutes', now() - interval '1 hour');
+        INSERT INTO jobq.jobs (kind, queue, payload, run_after, attempts)
+            VALUES ('report', 'mail', '{}', now() + interval '1 hour', 1);
+        INSERT INTO jobq.jobs (kind, queue, payload, state, finished_at)
+            SELECT 'old', 'mail', '{}', 'done', now() - interval '8 days' FROM generate_series(1, 3);
+        "#,
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_failed_show_and_errors() {
+    let db = TestDatabase::new().await.unwrap();
+    let url = url(&db);
+    assert!(ok(&url, &["migrate"]).contains("version"));
+    seed(&db).await;
+
+    let s = json(&url, &["status"]);
+    let mail = &s["queues"].as_array().unwrap()[0];
+    assert_eq!(mail["queue"], "mail");
+    assert_eq!(
+        (mail["due"].as_i64(), mail["retrying"].as_i64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(
+        (mail["done"].as_i64(), mail["failed"].as_i64()),
+        (Some(10), Some(5))
+    );
+    let age = mail["oldest_due_created_age_secs"].as_f64().unwrap();
+    assert!((3590.0..3700.0).contains(&age), "{age}");
+    let report = s["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kind"] == "report")
+        .unwrap();
+    assert_eq!(report["unserved"], true);
+    let codes: Vec<(String, i64)> = s["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["code"].as_str().unwrap().to_owned(),
+                f["failed"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        vec![("bad_address".to_owned(), 1), ("smtp_auth".to_owned(), 4)]
+    );
+
+    let table = ok(&url, &["status"]);
+    for needle in [
+        "QUEUES (finished counts: last 1h00m)",
+        "QUEUE  STATE   DUE  SCHEDULED  RETRYING  RUNNING  OLDEST DUE",
+        "mail   active  1    0          1         0/-      5m00s",
+        "UNSERVED",
+        "FAILURES BY CODE",
+        "send_invoice  smtp_auth    4",
+        "RUN TIMES",
+        "WORKERS (0 live)",
+    ] {
+        assert!(table.contains(needle), "no `{needle}` in\n{table}");
+    }
+
+    let failed = json(&url, &["failed", "--code", "smtp_auth"]);
+    assert_eq!(failed.as_array().unwrap().len(), 4);
+    let table = ok(&url, &["failed", "--kind", "send_invoice", "--since", "1h"]);
+    assert!(
+        table.starts_with("ID  QUEUE  KIND          STATE   ATTEMPTS  CODE"),
+        "{table}"
+    );
+    assert!(table.contains("(5 jobs)"), "{table}");
+    assert!(ok(&url, &["failed", "--until", "1h"]).contains("(0 jobs)"));
+
+    let show = json(&url, &["show", "1"]);
+    assert_eq!(show["job"]["id"], 1);
+    assert_eq!(show["job"]["errors"][0]["code"], "smtp_auth");
+    assert_eq!(show["audit"], Value::Array(vec![]));
+    let text = ok(&url, &["show", "1"]);
+    assert!(text.contains("state             failed"), "{text}");
+    assert!(text.contains("ERRORS\nATTEMPT  AT"), "{text}");
+
+    assert!(err(&url, &["show", "999"]).contains("error: no such job: 999"));
+    let e = err(&url, &["--json", "show", "999"]);
+    let e: Value = serde_json::from_str(&e).unwrap();
+    assert_eq!(e["error"]["code"], "not_found");
+    assert!(err(&url, &["show", "abc"]).contains("invalid value 'abc'"));
+    let unreachable = err(
+        "postgres://postgres:secret@127.0.0.1:1/nowhere",
+        &["status"],
+    );
+    assert!(
+        unreachable
+            .contains("cannot reach the database at postgres://postgres:***@127.0.0.1:1/nowhere"),
+        "{unreachable}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_jobq"))
+        .arg("status")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("set DATABASE_URL"));
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_cancel_retry_pause_resume_and_prune() {
+    let db = TestDatabase::new().await.unwrap();
+    let url = url(&db);
+    seed(&db).await;
+
+    // One job.
+    let t = json(&url, &["replay", "5", "--reason", "fixed the address"]);
+    assert_eq!(
+        (t["before"].as_str(), t["after"].as_str()),
+        (Some("failed"), Some("pending"))
+    );
+    assert!(
+        err(&url, &["replay", "5"])
+            .contains("job 5 is pending; replay applies only to failed or cancelled jobs")
+    );
+
+    // Many: refused without --yes, a dry run counts, --yes replays at the rate.
+    assert!(err(&url, &["replay", "--code", "smtp_auth"]).contains("refusing without --yes"));
+    let dry = json(&url, &["replay", "--code", "smtp_auth", "--dry-run"]);
+    assert_eq!(
+        (dry["matched"].as_u64(), dry["replayed"].as_u64()),
+        (Some(4), Some(0))
+    );
+    let r = json(
+        &url,
+        &[
+            "replay",
+            "--code",
+            "smtp_auth",
+            "--rate",
+            "100/s",
+            "--yes",
+            "--reason",
+            "rotated",
+        ],
+    );
+    assert_eq!(
+        (r["matched"].as_u64(), r["replayed"].as_u64()),
+        (Some(4), Some(4))
+    );
+    assert!(err(&url, &["replay", "--rate", "fast", "--code", "x"]).contains("not a rate"));
+    assert!(err(&url, &["replay"]).contains("give a job id, or at least one filter"));
+
+    // Cancel one; several need --yes.
+    let c = json(&url, &["cancel", "1"]);
+    assert_eq!(
+        (c[0]["before"].as_str(), c[0]["after"].as_str()),
+        (Some("pending"), Some("cancelled"))
+    );
+    assert!(err(&url, &["cancel", "2", "3"]).contains("refusing without --yes"));
+    assert!(
+        ok(&url, &["cancel", "2", "3", "--yes"]).contains("job 3 cancelled: pending -> cancelled")
+    );
+
+    // Retry now: the report job waiting for its retry (id 17).
+    assert!(ok(&url, &["retry-now", "17"]).contains("job 17 is due now"));
+    assert!(
+        err(&url, &["retry-now", "17"])
+            .contains("job 17 is pending; retry-now applies only to waiting pending jobs")
+    );
+
+    // Pause and resume.
+    assert!(err(&url, &["pause", "nope"]).contains("error: no such queue: nope"));
+    let p = json(&url, &["pause", "mail", "--reason", "provider outage"]);
+    assert_eq!(
+        (p["was_paused"].as_bool(), p["paused"].as_bool()),
+        (Some(false), Some(true))
+    );
+    let s = json(&url, &["status"]);
+    assert_eq!(s["queues"][0]["paused"], true);
+    assert!(ok(&url, &["status"]).contains("mail   paused"));
+    assert!(ok(&url, &["resume", "mail"]).contains("queue mail resumed"));
+
+    // The audit trail, newest first, by $USER.
+    let audit = json(&url, &["audit", "--limit", "100"]);
+    let actions: Vec<&str> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        actions,
+        vec![
+            "resume",
+            "pause",
+            "retry_now",
+            "cancel",
+            "cancel",
+            "cancel",
+            "replay",
+            "replay",
+            "replay",
+            "replay",
+            "replay"
+        ]
+    );
+    assert!(
+        audit
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["actor"] == "ops-test")
+    );
+    let shown = json(&url, &["--actor", "someone", "show", "5"]);
+    assert_eq!(shown["audit"][0]["reason"], "fixed the address");
+
+    // Prune: a dry run counts the 3 old done jobs; the real run needs --yes.
+    let d = json(&url, &["prune", "--dry-run"]);
+    assert_eq!(d["report"]["done"], 3);
+    assert_eq!(d["dry_run"], true);
+    assert!(err(&url, &["prune"]).contains("Delete 3 jobs? — refusing without --yes"));
+    assert!(
+        ok(&url, &["prune", "--yes"]).contains("deleted 3 jobs: 3 done, 0 failed, 0 cancelled")
+    );
+    assert!(ok(&url, &["prune", "--dry-run"]).contains("would delete 0 jobs"));
+    db.close().await;
+}
