@@ -302,8 +302,7 @@ pub struct Perform<J: Job> {
     args: J::Args,
     attempt: u32,
     max_attempts: u32,
-    id: JobId,
-    queue: String,
+    ctx: JobContext,
     _job: PhantomData<fn() -> J>,
 }
 
@@ -313,8 +312,8 @@ impl<J: Job> fmt::Debug for Perform<J> {
             .field("kind", &J::KIND)
             .field("attempt", &self.attempt)
             .field("max_attempts", &self.max_attempts)
-            .field("id", &self.id)
-            .field("queue", &self.queue)
+            .field("id", &self.ctx.id())
+            .field("queue", &self.ctx.queue())
             .finish_non_exhaustive()
     }
 }
@@ -326,8 +325,7 @@ impl<J: Job> Perform<J> {
             args,
             attempt: 1,
             max_attempts: J::RETRY.max_attempts(),
-            id: JobId(0),
-            queue: J::QUEUE.to_owned(),
+            ctx: JobContext::detached(J::KIND).with_queue(J::QUEUE),
             _job: PhantomData,
         }
     }
@@ -348,85 +346,42 @@ impl<J: Job> Perform<J> {
 
     /// The job id the handler sees (`ctx.id()`).
     pub fn id(mut self, id: JobId) -> Self {
-        self.id = id;
+        self.ctx = self.ctx.with_id(id);
         self
     }
 
     /// The queue the handler sees (`ctx.queue()`).
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
-        self.queue = queue.into();
+        self.ctx = self.ctx.with_queue(queue);
+        self
+    }
+
+    /// Application state the handler reads with `ctx.state::<T>()`, as the runtime's
+    /// `RuntimeBuilder::state` would give it.
+    pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.ctx = self.ctx.with_state(value);
         self
     }
 
     /// Serializes the args as an enqueue would, then runs the attempt through
     /// [`jobq::run_attempt`] and classifies its end as the runtime would.
     pub async fn run(self) -> Outcome {
-        let payload = match to_payload::<J>(&self.args) {
+        // Exactly the checks and the serialization enqueue performs.
+        let payload = match jobq::EnqueueBuilder::<J>::new(self.args).validate() {
             Ok(p) => p,
-            Err(rejected) => return rejected,
+            Err(e) => {
+                return Outcome::Rejected {
+                    code: e.code(),
+                    message: e.to_string(),
+                };
+            }
         };
-        let ctx = JobContext::detached(J::KIND)
-            .with_id(self.id)
-            .with_queue(self.queue)
+        let ctx = self
+            .ctx
             .with_attempt(self.attempt)
             .with_max_attempts(self.max_attempts);
         let outcome = jobq::run_attempt::<J>(ctx, payload).await;
         classify::<J>(outcome, self.attempt, self.max_attempts)
-    }
-}
-
-/// The args as the job's row would hold them, or why an enqueue would refuse them.
-fn to_payload<J: Job>(args: &J::Args) -> Result<serde_json::Value, Outcome> {
-    let text = serde_json::to_string(args).map_err(|e| Outcome::Rejected {
-        code: "serialize",
-        message: format!("args of `{}` do not serialize to JSON: {e}", J::KIND),
-    })?;
-    if text.len() > jobq::MAX_PAYLOAD_BYTES {
-        return Err(Outcome::Rejected {
-            code: "payload_too_large",
-            message: format!(
-                "args of `{}` serialize to {} bytes; enqueue accepts at most {}",
-                J::KIND,
-                text.len(),
-                jobq::MAX_PAYLOAD_BYTES
-            ),
-        });
-    }
-    if let Some(key) = J::idempotency_key(args)
-        && (key.is_empty() || key.len() > jobq::MAX_IDEMPOTENCY_KEY_LEN)
-    {
-        return Err(Outcome::Rejected {
-            code: "invalid_idempotency_key",
-            message: format!(
-                "idempotency key of `{}` must be 1 to {} bytes, got {}",
-                J::KIND,
-                jobq::MAX_IDEMPOTENCY_KEY_LEN,
-                key.len()
-            ),
-        });
-    }
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| Outcome::Rejected {
-        code: "serialize",
-        message: format!("args of `{}` serialize to invalid JSON: {e}", J::KIND),
-    })?;
-    if holds_nul(&value) {
-        return Err(Outcome::Rejected {
-            code: "nul_in_payload",
-            message: format!(
-                "args of `{}` contain a NUL character (\\u0000), which PostgreSQL's jsonb rejects",
-                J::KIND
-            ),
-        });
-    }
-    Ok(value)
-}
-
-fn holds_nul(v: &serde_json::Value) -> bool {
-    match v {
-        serde_json::Value::String(s) => s.contains('\0'),
-        serde_json::Value::Array(items) => items.iter().any(holds_nul),
-        serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
-        _ => false,
     }
 }
 

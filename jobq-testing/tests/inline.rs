@@ -185,3 +185,40 @@ async fn args_that_do_not_survive_json_fail_like_the_queue_would() {
 async fn assertion_helpers_say_what_happened_instead() {
     perform::<Reject>(invoice(1)).await.assert_done();
 }
+
+/// Reads its greeting from application state.
+struct Greets;
+
+#[derive(Debug)]
+struct Greeting(&'static str);
+
+impl jobq::Job for Greets {
+    const KIND: &'static str = "greets";
+    type Args = String;
+    type Error = jobq::JobError;
+    async fn run(ctx: jobq::JobContext, name: String) -> Result<(), jobq::JobError> {
+        let greeting = ctx
+            .state::<Greeting>()
+            .ok_or_else(|| jobq::JobError::permanent("no_state", "no greeting configured"))?;
+        if greeting.0 == "hello" && name == "world" {
+            Ok(())
+        } else {
+            Err(jobq::JobError::permanent(
+                "wrong",
+                format!("{} {name}", greeting.0),
+            ))
+        }
+    }
+}
+
+#[tokio::test]
+async fn application_state_reaches_the_handler() {
+    Perform::<Greets>::new("world".into())
+        .state(Greeting("hello"))
+        .run()
+        .await
+        .assert_done();
+    perform::<Greets>("world".into())
+        .await
+        .assert_permanent("no_state");
+}

@@ -281,20 +281,38 @@ impl<J: Job> EnqueueBuilder<J> {
         }
     }
 
+    /// Serializes and checks the job as enqueue would, without touching the database:
+    /// returns the payload as it would be stored.
+    ///
+    /// # Errors
+    ///
+    /// As [`Job::enqueue`], for everything checked before the database.
+    pub fn validate(&self) -> Result<serde_json::Value, Error> {
+        let job = self.to_new_job()?;
+        serde_json::from_str(&job.payload).map_err(|source| Error::Serialize {
+            kind: J::KIND.to_owned(),
+            source,
+        })
+    }
+
     /// Validates and serializes, without touching the database.
     pub(crate) fn into_new_job(self) -> Result<store::NewJob, Error> {
+        self.to_new_job()
+    }
+
+    fn to_new_job(&self) -> Result<store::NewJob, Error> {
         let payload = serde_json::to_string(&self.args).map_err(|source| Error::Serialize {
             kind: J::KIND.to_owned(),
             source,
         })?;
-        let idempotency_key = match self.idempotency_key {
-            Some(key) => Some(key),
+        let idempotency_key = match &self.idempotency_key {
+            Some(key) => Some(key.clone()),
             None => J::idempotency_key(&self.args),
         };
         let max_attempts = self.max_attempts.unwrap_or_else(|| J::RETRY.max_attempts());
         let job = store::NewJob {
             kind: J::KIND.to_owned(),
-            queue: self.queue.unwrap_or_else(|| J::QUEUE.to_owned()),
+            queue: self.queue.clone().unwrap_or_else(|| J::QUEUE.to_owned()),
             payload,
             priority: self.priority,
             max_attempts: i32::try_from(max_attempts).unwrap_or(i32::MAX),

@@ -133,7 +133,9 @@ pub(crate) async fn drain(
         }
         let mut ran = 0;
         for queue in config.queues.keys() {
-            for job in claim(config, queue, 100, now).await? {
+            // One at a time: this task is a single slot, and a claimed job's lease starts
+            // at the claim, so claiming ahead would age leases of jobs not yet started.
+            for job in claim(config, queue, 1, now).await? {
                 ran += 1;
                 report.attempts.push(drain_one(config, job, now).await?);
             }

@@ -126,7 +126,8 @@ pub(crate) async fn job_reap(
                          ELSE 'pending' END,
             finished_at = CASE WHEN j.cancel_requested OR j.attempts >= j.max_attempts
                                THEN coalesce($2, now()) ELSE NULL END,
-            run_after = coalesce($2, now()),
+            run_after = CASE WHEN j.cancel_requested OR j.attempts >= j.max_attempts
+                             THEN j.run_after ELSE coalesce($2, now()) END,
             locked_until = NULL,
             locked_by = NULL,
             last_error_code = 'lease_expired',

@@ -70,6 +70,15 @@ impl NewJob {
                 ),
             ));
         }
+        if has_escaped_nul(&self.payload) {
+            return Err(Error::invalid(
+                "nul_in_payload",
+                format!(
+                    "payload of kind `{}` contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store",
+                    self.kind
+                ),
+            ));
+        }
         if self.max_attempts < 1 {
             return Err(Error::invalid(
                 "invalid_max_attempts",
@@ -110,6 +119,17 @@ impl NewJob {
     }
 }
 
+/// Whether serialized JSON holds a U+0000 character (written `\u0000`, which jsonb
+/// refuses), as opposed to an escaped backslash followed by `u0000`.
+fn has_escaped_nul(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    json.match_indices("\\u0000").any(|(i, _)| {
+        // The escape is real when an even number of backslashes precede this one.
+        let before = bytes[..i].iter().rev().take_while(|b| **b == b'\\').count();
+        before % 2 == 0
+    })
+}
+
 pub(crate) fn validate_name(what: &str, name: &str, max: usize) -> Result<(), Error> {
     let code = match what {
         "kind" => "invalid_kind",
@@ -140,4 +160,19 @@ pub(crate) fn truncate_message(message: &str) -> &str {
         end -= 1;
     }
     &message[..end]
+}
+
+#[cfg(test)]
+mod nul_tests {
+    use super::has_escaped_nul;
+
+    #[test]
+    fn finds_real_nul_escapes_only() {
+        let nul = serde_json::to_string("a\u{0}b").unwrap();
+        assert!(has_escaped_nul(&nul));
+        let backslash_u = serde_json::to_string("a\\u0000b").unwrap();
+        assert!(!has_escaped_nul(&backslash_u), "{backslash_u}");
+        let both = serde_json::to_string("\\\u{0}").unwrap();
+        assert!(has_escaped_nul(&both), "{both}");
+    }
 }
