@@ -64,9 +64,10 @@ mod store;
 pub use context::JobContext;
 pub use error::{Classification, Classify, Disposition, Error, JobError};
 pub use job::{
-    EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN,
-    MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN,
+    EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN, MAX_PAYLOAD_BYTES,
+    MAX_QUEUE_LEN,
 };
+pub use jobq_macros::{Classify, job};
 pub use migrate::{MIGRATIONS, Migration, migrate};
 pub use registry::{Failure, JobHandler, Registration, registered_jobs};
 pub use retry::{DEFAULT_MAX_ATTEMPTS, RetryPolicy};
@@ -76,12 +77,59 @@ pub use runtime::{
 };
 
 /// What generated code needs; not part of the public API.
+///
+/// The macros name only paths under `::jobq::__private` (or the `crate = "..."`
+/// override), so users need none of these crates in their own `Cargo.toml`.
 #[doc(hidden)]
 pub mod __private {
+    use std::borrow::Cow;
+    use std::time::Duration;
+
+    pub use crate::context::JobContext;
+    pub use crate::error::{Classification, Classify, Disposition, Error};
+    pub use crate::job::{EnqueueBuilder, Enqueued, Job};
     pub use crate::registry::Registration;
+    pub use crate::retry::RetryPolicy;
     pub use async_trait;
     pub use inventory;
     pub use serde;
     pub use serde_json;
     pub use sqlx;
+    pub use sqlx::{Acquire, Postgres};
+
+    /// A field usable as `#[jobq(retry_after = field)]`.
+    #[diagnostic::on_unimplemented(
+        message = "`retry_after` must name a field of type `std::time::Duration` or `Option<Duration>`, not `{Self}`",
+        label = "this field is a `{Self}`, not a `Duration`",
+        note = "convert where the error is built, e.g. `Duration::from_secs(secs)`"
+    )]
+    pub trait RetryAfter {
+        /// The Retry-After this field carries.
+        fn retry_after(&self) -> Option<Duration>;
+    }
+
+    impl RetryAfter for Duration {
+        fn retry_after(&self) -> Option<Duration> {
+            Some(*self)
+        }
+    }
+
+    impl RetryAfter for Option<Duration> {
+        fn retry_after(&self) -> Option<Duration> {
+            *self
+        }
+    }
+
+    /// A classification from the parts `#[derive(Classify)]` knows.
+    pub fn classification(
+        disposition: Disposition,
+        code: &'static str,
+        retry_after: Option<Duration>,
+    ) -> Classification {
+        Classification {
+            disposition,
+            code: Cow::Borrowed(code),
+            retry_after,
+        }
+    }
 }
