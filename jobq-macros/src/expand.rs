@@ -60,6 +60,13 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
         .iter()
         .filter(|a| a.path().is_ident("doc"))
         .collect();
+    // A `#[cfg]` on the handler applies to everything generated from it.
+    let cfgs: Vec<_> = func
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("cfg"))
+        .collect();
+    let cfg = quote!(#(#cfgs)*);
     let doc = if docs.is_empty() {
         let text = format!(
             " The `{}` job, declared with `#[jobq::job]` on `{}`.",
@@ -150,6 +157,7 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
     );
 
     quote! {
+        #cfg
         #doc
         #[derive(::core::fmt::Debug, ::core::clone::Clone, ::core::marker::Copy)]
         #vis struct #name;
@@ -158,6 +166,7 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
         #[allow(clippy::unused_async)]
         #func
 
+        #cfg
         impl #p::Job for #name {
             const KIND: &'static str = #kind;
             #queue
@@ -175,6 +184,7 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
             }
         }
 
+        #cfg
         impl #name {
             #[doc = #enqueue_doc]
             ///
@@ -221,9 +231,12 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
             }
         }
 
-        #p::inventory::submit! {
-            #p::Registration::new::<#name>()
-        }
+        #cfg
+        const _: () = {
+            #p::inventory::submit! {
+                #p::Registration::new::<#name>()
+            }
+        };
     }
 }
 

@@ -2,9 +2,9 @@
 //! `jobq` crate's re-exports (`jobq::job`, `jobq::Classify`); their documentation lives
 //! there.
 //!
-//! The entry points only dispatch: [`attr`] parses the `#[job(...)]` keys, [`check`]
-//! validates the handler's signature and the keys against each other, [`expand`] writes
-//! the code, and [`classify`] is the derive. Every mistake becomes a `syn::Error` at the
+//! The entry points only dispatch: `attr` parses the `#[job(...)]` keys, `check`
+//! validates the handler's signature and the keys against each other, `expand` writes
+//! the code, and `classify` is the derive. Every mistake becomes a `syn::Error` at the
 //! user's token; nothing here panics.
 
 mod attr;
@@ -17,13 +17,13 @@ mod grammar;
 
 use proc_macro::TokenStream;
 
-/// Declares a job from an async handler. See `jobq::job`.
+/// (Implemented in `jobq-macros`; use it as `jobq::job`.)
 #[proc_macro_attribute]
 pub fn job(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::job(args.into(), item.into()).into()
 }
 
-/// Derives `jobq::Classify`. See `jobq::Classify`.
+/// (Implemented in `jobq-macros`; use it as `jobq::Classify`.)
 #[proc_macro_derive(Classify, attributes(jobq))]
 pub fn derive_classify(input: TokenStream) -> TokenStream {
     classify::derive(input.into()).into()
