@@ -172,7 +172,7 @@ fn arm(
                     pattern = quote!(#path { #member: #binding, .. });
                     // Spanned at the user's field name, path included: a field that is
                     // not a `Duration` is reported there.
-                    let p = respan(p.clone(), span);
+                    let p = crate::respan::respan(p.clone(), span);
                     after = quote_spanned!(span=> #p::RetryAfter::retry_after(#binding));
                 }
                 Err(err) => errors.push(err),
@@ -191,22 +191,6 @@ fn arm(
     quote! {
         #pattern => #p::classification(#p::Disposition::#variant, #code, #after),
     }
-}
-
-/// `tokens` with every span set to `span`.
-fn respan(tokens: TokenStream, span: Span) -> TokenStream {
-    tokens
-        .into_iter()
-        .map(|mut tt| {
-            if let proc_macro2::TokenTree::Group(g) = &tt {
-                let mut group = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), span));
-                group.set_span(span);
-                tt = proc_macro2::TokenTree::Group(group);
-            }
-            tt.set_span(span);
-            tt
-        })
-        .collect()
 }
 
 /// Whether `member` names a field of `fields`, with a message listing them if not.

@@ -4,12 +4,14 @@
 
 use proc_macro2::{Literal, Span, TokenStream};
 use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
 use syn::{ItemFn, Path};
 
 use crate::attr::{self, JobAttr};
 use crate::check::{self, Handler};
 use crate::ctxt::Errors;
 use crate::grammar::{Millis, Policy};
+use crate::respan::respan;
 
 /// `#[job(...)]` on `item`.
 pub(crate) fn job(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -117,7 +119,15 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
     // The call of the user's function. The signature of `run` carries the span of the
     // user's function, so a future that is not `Send` is reported there.
     let call = match h.ctx {
-        Some(_) => quote!(#fn_name(ctx, args)),
+        Some(param) => {
+            // A context parameter of another type is reported at the user's type, with
+            // `HandlerContext`'s message.
+            let ty = &param.ty;
+            let span = ty.span();
+            let p = respan(p.clone(), span);
+            let ctx = quote_spanned!(span=> <#ty as #p::HandlerContext>::from_context(ctx));
+            quote!(#fn_name(#ctx, args))
+        }
         None => quote!(#fn_name(args)),
     };
     let ctx_param = match h.ctx {

@@ -14,6 +14,7 @@ mod classify;
 mod ctxt;
 mod expand;
 mod grammar;
+mod respan;
 
 use proc_macro::TokenStream;
 

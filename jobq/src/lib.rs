@@ -244,6 +244,23 @@ pub mod __private {
     pub use sqlx;
     pub use sqlx::{Acquire, Postgres};
 
+    /// What a handler's first parameter may be: the attempt's [`JobContext`], by value.
+    #[diagnostic::on_unimplemented(
+        message = "the first parameter of a `#[job]` handler must be `JobContext`, not `{Self}`",
+        label = "expected `JobContext` here",
+        note = "take the context by value, `ctx: JobContext` (clones are cheap), or leave the parameter out and take only the args"
+    )]
+    pub trait HandlerContext {
+        /// The parameter, from the attempt's context.
+        fn from_context(ctx: JobContext) -> Self;
+    }
+
+    impl HandlerContext for JobContext {
+        fn from_context(ctx: JobContext) -> Self {
+            ctx
+        }
+    }
+
     /// A field usable as `#[jobq(retry_after = field)]`.
     #[diagnostic::on_unimplemented(
         message = "`retry_after` must name a field of type `std::time::Duration` or `Option<Duration>`, not `{Self}`",
