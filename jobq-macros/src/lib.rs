@@ -1,2 +1,31 @@
 //! Procedural macros for jobq: `#[job]` and `#[derive(Classify)]`. Use them through the
-//! `jobq` crate's re-exports.
+//! `jobq` crate's re-exports (`jobq::job`, `jobq::Classify`); their documentation lives
+//! there.
+//!
+//! The entry points only dispatch: `attr` parses the `#[job(...)]` keys, `check`
+//! validates the handler's signature and the keys against each other, `expand` writes
+//! the code, and `classify` is the derive. Every mistake becomes a `syn::Error` at the
+//! user's token; nothing here panics.
+
+mod attr;
+mod case;
+mod check;
+mod classify;
+mod ctxt;
+mod expand;
+mod grammar;
+mod respan;
+
+use proc_macro::TokenStream;
+
+/// (Implemented in `jobq-macros`; use it as `jobq::job`.)
+#[proc_macro_attribute]
+pub fn job(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::job(args.into(), item.into()).into()
+}
+
+/// (Implemented in `jobq-macros`; use it as `jobq::Classify`.)
+#[proc_macro_derive(Classify, attributes(jobq))]
+pub fn derive_classify(input: TokenStream) -> TokenStream {
+    classify::derive(input.into()).into()
+}

@@ -8,25 +8,25 @@
 //! the terminal `failed` state with a stable error code.
 //!
 //! ```no_run
-//! use jobq::{Job, JobContext, JobError};
+//! use jobq::JobContext;
 //! use serde::{Deserialize, Serialize};
 //!
 //! #[derive(Serialize, Deserialize)]
 //! struct InvoiceArgs { invoice_id: i64 }
 //!
-//! struct SendInvoice;
+//! #[derive(Debug, thiserror::Error, jobq::Classify)]
+//! enum InvoiceError {
+//!     #[error("mail provider unavailable")]
+//!     ProviderDown, // retryable, code "provider_down"
+//!     #[error("invoice {0} not found")]
+//!     #[jobq(permanent, code = "invoice_missing")]
+//!     Missing(i64),
+//! }
 //!
-//! impl Job for SendInvoice {
-//!     const KIND: &'static str = "send_invoice";
-//!     type Args = InvoiceArgs;
-//!     type Error = JobError;
-//!     fn idempotency_key(args: &InvoiceArgs) -> Option<String> {
-//!         Some(args.invoice_id.to_string())
-//!     }
-//!     async fn run(_ctx: JobContext, args: InvoiceArgs) -> Result<(), JobError> {
-//!         println!("sending invoice {}", args.invoice_id);
-//!         Ok(())
-//!     }
+//! #[jobq::job(kind = "send_invoice", retry = "exp(max=10,jitter)", idempotency = invoice_id)]
+//! async fn send_invoice(_ctx: JobContext, args: InvoiceArgs) -> Result<(), InvoiceError> {
+//!     println!("sending invoice {}", args.invoice_id);
+//!     Ok(())
 //! }
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -41,13 +41,16 @@
 //! SendInvoice::enqueue(&mut tx, InvoiceArgs { invoice_id: 42 }).await?;
 //! tx.commit().await?; // the job exists exactly when this commits
 //!
+//! // Serves every `#[jobq::job]` in the binary.
 //! jobq::Runtime::builder(pool)
-//!     .register::<SendInvoice>()
 //!     .build()?
 //!     .run_until(tokio::signal::ctrl_c())
 //!     .await?;
 //! # Ok(()) }
 //! ```
+//!
+//! [`Job`] can also be implemented by hand and registered with
+//! [`RuntimeBuilder::register`].
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod admin;
@@ -70,6 +73,151 @@ pub use job::{
     Conn, EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN,
     MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN,
 };
+/// Declares a job from an async handler.
+///
+/// ```no_run
+/// use jobq::JobContext;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// pub struct InvoiceArgs { pub invoice_id: i64, pub email: String }
+///
+/// #[derive(Debug, thiserror::Error, jobq::Classify)]
+/// pub enum InvoiceError {
+///     #[error("rate limited")]
+///     #[jobq(code = "rate_limited", retry_after = wait)]
+///     RateLimited { wait: std::time::Duration },
+///     #[error("invoice {0} not found")]
+///     #[jobq(permanent, code = "invoice_missing")]
+///     Missing(i64),
+/// }
+///
+/// /// Sends an invoice by mail.
+/// #[jobq::job(
+///     kind = "send_invoice",          // default: the function's name
+///     retry = "exp(max=10,jitter)",   // or "fixed(30s,max=5)", "none"
+///     idempotency = invoice_id,       // a field of the args type
+///     queue = "mail",                 // default: "default"
+///     priority = -1,                  // smaller runs first; default 0
+///     lease = "2m",                   // default 60s
+///     timeout = "5m",                 // default: no limit
+/// )]
+/// pub async fn send_invoice(ctx: jobq::JobContext, args: InvoiceArgs) -> Result<(), InvoiceError> {
+///     let _ = (ctx.attempt(), args.email);
+///     Ok(())
+/// }
+///
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), jobq::Error> {
+/// let mut tx = pool.begin().await?;
+/// SendInvoice::enqueue(&mut tx, InvoiceArgs { invoice_id: 42, email: "a@b.c".into() }).await?;
+/// SendInvoice::with(InvoiceArgs { invoice_id: 43, email: "a@b.c".into() })
+///     .run_in(std::time::Duration::from_secs(60))
+///     .priority(-5)
+///     .enqueue(&mut *tx)
+///     .await?;
+/// SendInvoice::enqueue_many(&mut *tx, (44..50).map(|invoice_id| InvoiceArgs {
+///     invoice_id,
+///     email: "a@b.c".into(),
+/// }))
+/// .await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # The handler
+///
+/// An `async fn` taking `(ctx: JobContext, args: Args)`, or just `(args: Args)`, and
+/// returning `Result<T, E>` where `E` implements [`Classify`](trait@Classify) (derive it,
+/// or use [`JobError`]) and `T` is discarded. `Args` must be `Serialize +
+/// DeserializeOwned + Send + 'static`, and the returned future `Send`. Not allowed:
+/// `self`, generics, more than two parameters. The function stays as written, so unit
+/// tests can call it directly.
+///
+/// # Keys
+///
+/// | key | value | default |
+/// | --- | --- | --- |
+/// | `kind` | the stable name stored in `jobs.kind`, `"send_invoice"` | the function's name |
+/// | `name` | the generated type, `SendInvoiceJob` | the PascalCase of the function's name |
+/// | `retry` | `"exp(max=N[,base=D][,cap=D][,jitter])"`, `"fixed(D[,max=N])"` or `"none"` | `exp(max=25,jitter)`, base 1 s, cap 1 h |
+/// | `idempotency` | a field of the args type; its `to_string()` is the key | no key |
+/// | `queue` | `"mail"` | `"default"` |
+/// | `priority` | an `i16`, smaller runs first | `0` |
+/// | `lease` | a duration, at least `"300ms"` | `"60s"` |
+/// | `timeout` | a duration | no limit |
+/// | `crate` | the path jobq is reachable at, `"::my_deps::jobq"` | `"::jobq"` |
+///
+/// `N` counts every attempt, the first included (at least 1). A duration `D` is a whole
+/// number and a unit: `500ms`, `30s`, `5m`, `1h`. `idempotency` keys by `to_string()`
+/// of the field, so the field must implement `Display` (an `Option` does not: key by a
+/// field that is always present, or set `EnqueueBuilder::idempotency_key` per enqueue).
+///
+/// # What it generates
+///
+/// A unit struct (`SendInvoice`) with the function's visibility and doc comments,
+/// implementing [`Job`]; inherent `enqueue(conn, args)`, `with(args)` (an
+/// [`EnqueueBuilder`]) and `enqueue_many(conn, iter)`, usable without `use jobq::Job`;
+/// and an `inventory` registration, so [`Runtime::builder`] serves the job with nothing
+/// registered by hand. Two jobs with one kind make [`RuntimeBuilder::build`] fail with
+/// [`Error::DuplicateKind`]. A `#[cfg]` on the function applies to all of it.
+///
+/// Every mistake in the keys or the signature is a compile error at the offending
+/// token, saying what is allowed.
+#[doc(inline)]
+pub use jobq_macros::job;
+
+/// Derives [`Classify`](trait@Classify) for an error enum or struct.
+///
+/// ```
+/// use std::time::Duration;
+/// use jobq::{Classify, Disposition};
+///
+/// #[derive(Debug, thiserror::Error, jobq::Classify)]
+/// pub enum InvoiceError {
+///     #[error("mail provider unavailable")]
+///     #[jobq(retryable, code = "provider_unavailable")]
+///     ProviderDown,
+///     #[error("rate limited")]
+///     #[jobq(retryable, code = "rate_limited", retry_after = wait)]
+///     RateLimited { wait: Duration },
+///     #[error("invoice {0} not found")]
+///     #[jobq(permanent, code = "invoice_missing")]
+///     Missing(i64),
+///     #[error("customer unsubscribed")]
+///     #[jobq(cancel)]
+///     Unsubscribed,
+///     #[error(transparent)]
+///     Io(#[from] std::io::Error), // unannotated: retryable, code "io"
+/// }
+///
+/// let c = InvoiceError::RateLimited { wait: Duration::from_secs(30) }.classify();
+/// assert_eq!(c.disposition, Disposition::Retryable);
+/// assert_eq!(c.code, "rate_limited");
+/// assert_eq!(c.retry_after, Some(Duration::from_secs(30)));
+/// assert_eq!(InvoiceError::Missing(1).classify().disposition, Disposition::Permanent);
+/// assert_eq!(InvoiceError::Io(std::io::Error::other("x")).classify().code, "io");
+///
+/// // On a struct, the attribute goes on the type.
+/// #[derive(Debug, thiserror::Error, jobq::Classify)]
+/// #[error("upstream busy")]
+/// #[jobq(code = "busy", retry_after = 0)]
+/// pub struct Busy(pub Option<Duration>);
+/// assert_eq!(Busy(None).classify().code, "busy");
+/// ```
+///
+/// Keys of `#[jobq(...)]`, on each variant of an enum or on a struct:
+///
+/// - `retryable` (the default), `permanent` (straight to `failed`) or `cancel` (to
+///   `cancelled`); at most one.
+/// - `code = "..."`: the stable code stored in `jobs.last_error_code`; the default is the
+///   snake_case of the variant's (or struct's) name.
+/// - `retry_after = field`: a field (a name, or a tuple index like `0`) of type
+///   `Duration` or `Option<Duration>`; the next attempt waits exactly that long instead
+///   of the job's backoff. Retryable failures only.
+/// - `crate = "path"`, on the enum or struct itself, when jobq is reachable under
+///   another path.
+#[doc(inline)]
+pub use jobq_macros::Classify;
 pub use migrate::{MIGRATIONS, Migration, migrate};
 pub use registry::{Failure, JobHandler, Registration, registered_jobs};
 pub use retry::{DEFAULT_MAX_ATTEMPTS, RetryPolicy};
@@ -79,12 +227,75 @@ pub use runtime::{
 };
 
 /// What generated code needs; not part of the public API.
+///
+/// The macros name only paths under `::jobq::__private` (or the `crate = "..."`
+/// override), so users need none of these crates in their own `Cargo.toml`.
 #[doc(hidden)]
 pub mod __private {
+    use std::borrow::Cow;
+    use std::time::Duration;
+
+    pub use crate::context::JobContext;
+    pub use crate::error::{Classification, Classify, Disposition, Error};
+    pub use crate::job::{Conn, EnqueueBuilder, Enqueued, Job};
     pub use crate::registry::Registration;
+    pub use crate::retry::RetryPolicy;
     pub use async_trait;
     pub use inventory;
     pub use serde;
     pub use serde_json;
     pub use sqlx;
+
+    /// What a handler's first parameter may be: the attempt's [`JobContext`], by value.
+    #[diagnostic::on_unimplemented(
+        message = "the first parameter of a `#[job]` handler must be `JobContext`, not `{Self}`",
+        label = "expected `JobContext` here",
+        note = "take the context by value, `ctx: JobContext` (clones are cheap), or leave the parameter out and take only the args"
+    )]
+    pub trait HandlerContext {
+        /// The parameter, from the attempt's context.
+        fn from_context(ctx: JobContext) -> Self;
+    }
+
+    impl HandlerContext for JobContext {
+        fn from_context(ctx: JobContext) -> Self {
+            ctx
+        }
+    }
+
+    /// A field usable as `#[jobq(retry_after = field)]`.
+    #[diagnostic::on_unimplemented(
+        message = "`retry_after` must name a field of type `std::time::Duration` or `Option<Duration>`, not `{Self}`",
+        label = "this field is a `{Self}`, not a `Duration`",
+        note = "convert where the error is built, e.g. `Duration::from_secs(secs)`"
+    )]
+    pub trait RetryAfter {
+        /// The Retry-After this field carries.
+        fn retry_after(&self) -> Option<Duration>;
+    }
+
+    impl RetryAfter for Duration {
+        fn retry_after(&self) -> Option<Duration> {
+            Some(*self)
+        }
+    }
+
+    impl RetryAfter for Option<Duration> {
+        fn retry_after(&self) -> Option<Duration> {
+            *self
+        }
+    }
+
+    /// A classification from the parts `#[derive(Classify)]` knows.
+    pub fn classification(
+        disposition: Disposition,
+        code: &'static str,
+        retry_after: Option<Duration>,
+    ) -> Classification {
+        Classification {
+            disposition,
+            code: Cow::Borrowed(code),
+            retry_after,
+        }
+    }
 }

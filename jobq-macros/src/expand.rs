@@ -1,0 +1,293 @@
+//! Writes the code of `#[job]`: the job type, its `jobq::Job` impl, its inherent enqueue
+//! helpers, compile-time checks spanned at the user's tokens, and the `inventory`
+//! registration. On error, the user's function is emitted unchanged beside the errors.
+
+use proc_macro2::{Literal, Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{ItemFn, Path};
+
+use crate::attr::{self, JobAttr};
+use crate::check::{self, Handler};
+use crate::ctxt::Errors;
+use crate::grammar::{Millis, Policy};
+use crate::respan::respan;
+
+/// `#[job(...)]` on `item`.
+pub(crate) fn job(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errors = Errors::default();
+    let attr = attr::parse(args, &mut errors);
+    let func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(func) => func,
+        Err(_) => {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                "`#[job]` goes on an `async fn` handler, like \
+                 `#[job] async fn send_invoice(ctx: JobContext, args: InvoiceArgs) -> Result<(), InvoiceError>`",
+            ));
+            let errors = errors.into_compile_errors();
+            return quote!(#item #errors);
+        }
+    };
+    match check::handler(&func, &attr, &mut errors) {
+        Some(handler) if errors.is_empty() => generate(&func, &attr, &handler),
+        _ => {
+            // The function stays, so completion keeps working and the only messages are
+            // the ones above; it may be unused now that no job type calls it.
+            let errors = errors.into_compile_errors();
+            quote! {
+                #[allow(dead_code)]
+                #func
+                #errors
+            }
+        }
+    }
+}
+
+fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
+    let krate: Path = attr
+        .krate
+        .clone()
+        .unwrap_or_else(|| syn::parse_quote!(::jobq));
+    let p = quote!(#krate::__private);
+    let vis = &func.vis;
+    let fn_name = &func.sig.ident;
+    let name = &h.type_name;
+    let kind = &h.kind;
+    let args_ty = &h.args.ty;
+    let err_ty = h.err_ty;
+
+    let docs: Vec<_> = func
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("doc"))
+        .collect();
+    // A `#[cfg]` on the handler applies to everything generated from it.
+    let cfgs: Vec<_> = func
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("cfg"))
+        .collect();
+    let cfg = quote!(#(#cfgs)*);
+    let doc = if docs.is_empty() {
+        let text = format!(
+            " The `{}` job, declared with `#[jobq::job]` on `{}`.",
+            kind.value(),
+            fn_name
+        );
+        quote!(#[doc = #text])
+    } else {
+        quote!(#(#docs)*)
+    };
+
+    let queue = attr
+        .queue
+        .as_ref()
+        .map(|q| quote!(const QUEUE: &'static str = #q;));
+    let priority = attr.priority.as_ref().map(|pr| {
+        let lit = Literal::i16_unsuffixed(pr.value);
+        quote_spanned!(pr.span=> const PRIORITY: i16 = #lit;)
+    });
+    let retry = attr.retry.as_ref().map(|r| {
+        let policy = policy(&p, &r.value);
+        quote_spanned!(r.span=> const RETRY: #p::RetryPolicy = #policy;)
+    });
+    let lease = attr.lease.as_ref().map(|l| {
+        let d = duration(l.value);
+        quote_spanned!(l.span=> const LEASE: ::core::time::Duration = #d;)
+    });
+    let timeout = attr.timeout.as_ref().map(|t| {
+        let d = duration(t.value);
+        quote_spanned!(t.span=>
+            const TIMEOUT: ::core::option::Option<::core::time::Duration> =
+                ::core::option::Option::Some(#d);
+        )
+    });
+    let idempotency = attr.idempotency.as_ref().map(|field| {
+        // `args.<field>` carries the user's span: a field that does not exist is reported
+        // at their token as "no field `x` on type `Args`".
+        let access = quote_spanned!(field.span()=> (*args).#field);
+        quote! {
+            fn idempotency_key(
+                args: &<Self as #p::Job>::Args,
+            ) -> ::core::option::Option<::std::string::String> {
+                ::core::option::Option::Some(::std::string::ToString::to_string(&#access))
+            }
+        }
+    });
+
+    // The call of the user's function. The signature of `run` carries the span of the
+    // user's function, so a future that is not `Send` is reported there.
+    let call = match h.ctx {
+        Some(param) => {
+            // A context parameter of another type is reported at the user's type, with
+            // `HandlerContext`'s message.
+            let ty = &param.ty;
+            let span = ty.span();
+            let p = respan(p.clone(), span);
+            let ctx = quote_spanned!(span=> <#ty as #p::HandlerContext>::from_context(ctx));
+            quote!(#fn_name(#ctx, args))
+        }
+        None => quote!(#fn_name(args)),
+    };
+    let ctx_param = match h.ctx {
+        Some(_) => quote!(ctx),
+        None => quote!(_ctx),
+    };
+    let body = if check::is_unit(h.ok_ty) {
+        call
+    } else {
+        quote!(async move { ::core::result::Result::map(#call.await, ::core::mem::drop) })
+    };
+    let sig_span = func.sig.ident.span();
+    let run_ret = quote_spanned! {sig_span=>
+        impl ::core::future::Future<
+            Output = ::core::result::Result<(), <Self as #p::Job>::Error>,
+        > + ::core::marker::Send
+    };
+
+    // `type Args = #args_ty` and `type Error = #err_ty` below carry the user's spans: a
+    // type that misses a bound is reported at the user's token, once per missing trait
+    // (serde's and `Classify`'s own `on_unimplemented` hints say what to derive).
+
+    let enqueue_doc = format!(
+        " Enqueues one `{}` job through `conn`: `&mut tx` (the job exists exactly when \
+         `tx` commits), `&pool` or `&mut PgConnection`.",
+        kind.value()
+    );
+    let with_doc = format!(
+        " Starts an enqueue of a `{}` job with options: \
+         `{name}::with(args).run_after(t).priority(p).enqueue(conn)`.",
+        kind.value()
+    );
+    let many_doc = format!(
+        " Enqueues many `{}` jobs in one round trip; returns one `Enqueued` per input, in \
+         order.",
+        kind.value()
+    );
+
+    quote! {
+        #cfg
+        #doc
+        #[derive(::core::fmt::Debug, ::core::clone::Clone, ::core::marker::Copy)]
+        #vis struct #name;
+
+        // `#[job]` requires an `async fn` even when the body has nothing to await.
+        #[allow(clippy::unused_async)]
+        #func
+
+        #cfg
+        impl #p::Job for #name {
+            const KIND: &'static str = #kind;
+            #queue
+            #priority
+            #retry
+            #lease
+            #timeout
+            type Args = #args_ty;
+            type Error = #err_ty;
+
+            #idempotency
+
+            fn run(#ctx_param: #p::JobContext, args: <Self as #p::Job>::Args) -> #run_ret {
+                #body
+            }
+        }
+
+        #cfg
+        impl #name {
+            #[doc = #enqueue_doc]
+            ///
+            /// # Errors
+            ///
+            /// When the job is rejected before reaching the database (payload too large,
+            /// a bad queue name), its args do not serialize, or the insert fails.
+            #[allow(dead_code)]
+            #vis fn enqueue<'c, A>(
+                conn: A,
+                args: #args_ty,
+            ) -> impl ::core::future::Future<
+                Output = ::core::result::Result<#p::Enqueued, #p::Error>,
+            > + ::core::marker::Send + use<'c, A>
+            where
+                A: ::core::convert::Into<#p::Conn<'c>>,
+            {
+                <Self as #p::Job>::enqueue(conn, args)
+            }
+
+            #[doc = #with_doc]
+            #[allow(dead_code)]
+            #vis fn with(args: #args_ty) -> #p::EnqueueBuilder<Self> {
+                <Self as #p::Job>::with(args)
+            }
+
+            #[doc = #many_doc]
+            ///
+            /// # Errors
+            ///
+            /// As `enqueue`; nothing is inserted if any job is rejected.
+            #[allow(dead_code)]
+            #vis fn enqueue_many<'c, A, I>(
+                conn: A,
+                args: I,
+            ) -> impl ::core::future::Future<
+                Output = ::core::result::Result<::std::vec::Vec<#p::Enqueued>, #p::Error>,
+            > + ::core::marker::Send + use<'c, A, I>
+            where
+                A: ::core::convert::Into<#p::Conn<'c>>,
+                I: ::core::iter::IntoIterator<Item = #args_ty>,
+            {
+                <Self as #p::Job>::enqueue_many(conn, args)
+            }
+        }
+
+        #cfg
+        const _: () = {
+            #p::inventory::submit! {
+                #p::Registration::new::<#name>()
+            }
+        };
+    }
+}
+
+fn duration(d: Millis) -> TokenStream {
+    if d.0.is_multiple_of(1000) {
+        let secs = Literal::u64_unsuffixed(d.0 / 1000);
+        quote!(::core::time::Duration::from_secs(#secs))
+    } else {
+        let millis = Literal::u64_unsuffixed(d.0);
+        quote!(::core::time::Duration::from_millis(#millis))
+    }
+}
+
+fn policy(p: &TokenStream, policy: &Policy) -> TokenStream {
+    match policy {
+        Policy::Exponential {
+            max,
+            base,
+            cap,
+            jitter,
+        } => {
+            let max = Literal::u32_unsuffixed(*max);
+            let base = base.map(|b| {
+                let d = duration(b);
+                quote!(.base(#d))
+            });
+            let cap = cap.map(|c| {
+                let d = duration(c);
+                quote!(.cap(#d))
+            });
+            let jitter = jitter.then(|| quote!(.jitter(true)));
+            quote!(#p::RetryPolicy::exponential(#max) #base #cap #jitter)
+        }
+        Policy::Fixed { delay, max } => {
+            let d = duration(*delay);
+            let max = max.map(|m| {
+                let m = Literal::u32_unsuffixed(m);
+                quote!(.max(#m))
+            });
+            quote!(#p::RetryPolicy::fixed(#d) #max)
+        }
+        Policy::None => quote!(#p::RetryPolicy::none()),
+    }
+}

@@ -1,0 +1,7 @@
+#[derive(Debug, jobq::Classify)]
+#[jobq(permanent)]
+pub enum MailError {
+    Down,
+}
+
+fn main() {}

@@ -1,0 +1,4 @@
+#[jobq::job(kind = "send")]
+pub struct Send;
+
+fn main() {}

@@ -1,0 +1,13 @@
+use jobq::{JobContext, JobError};
+
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct Args {
+    pub invoice_id: i64,
+}
+
+#[jobq::job(kind = "")]
+async fn send(_ctx: JobContext, _args: Args) -> Result<(), JobError> {
+    Ok(())
+}
+
+fn main() {}
