@@ -10,11 +10,12 @@
 //! `postgres://postgres@127.0.0.1:5432/test`; it creates and uses its own database
 //! `jobq_example`).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use jobq::{Classification, Classify, Job, JobContext, RetryPolicy, Runtime};
+use jobq::{JobContext, Runtime};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -28,43 +29,41 @@ pub struct InvoiceArgs {
     pub email: String,
 }
 
-/// Why sending an invoice failed.
-#[derive(Debug, thiserror::Error)]
+/// Why sending an invoice failed: each variant says whether a retry can help.
+#[derive(Debug, thiserror::Error, jobq::Classify)]
 pub enum InvoiceError {
     /// The mail provider is down: try again later.
     #[error("mail provider unavailable")]
+    #[jobq(retryable, code = "provider_unavailable")]
     ProviderDown,
     /// The provider asked us to wait.
     #[error("rate limited, retry after {wait:?}")]
+    #[jobq(retryable, code = "rate_limited", retry_after = wait)]
     RateLimited {
         /// How long the provider asked us to wait.
         wait: Duration,
     },
+    /// The address cannot receive mail: retrying cannot help.
+    #[error("`{0}` is not a mail address")]
+    #[jobq(permanent, code = "bad_address")]
+    BadAddress(String),
     /// The invoice does not exist: retrying cannot help.
     #[error("invoice {0} not found")]
+    #[jobq(permanent, code = "invoice_missing")]
     Missing(i64),
-    /// A database error: retryable.
+    /// This attempt lost its job to another worker: roll back, nothing to do.
+    #[error(transparent)]
+    Jobq(#[from] jobq::Error),
+    /// A database error: retryable (code `db`).
     #[error(transparent)]
     Db(#[from] sqlx::Error),
 }
 
-impl Classify for InvoiceError {
-    fn classify(&self) -> Classification {
-        match self {
-            InvoiceError::ProviderDown => Classification::retryable("provider_unavailable"),
-            InvoiceError::RateLimited { wait } => {
-                Classification::retryable("rate_limited").with_retry_after(*wait)
-            }
-            InvoiceError::Missing(_) => Classification::permanent("invoice_missing"),
-            InvoiceError::Db(_) => Classification::retryable("db"),
-        }
-    }
-}
-
-/// A pretend mail provider that fails now and then.
-#[derive(Debug, Default)]
+/// A pretend mail provider that fails now and then: every 7 calls, once with a 503 and
+/// once with a rate limit. Clones share the call count.
+#[derive(Debug, Clone, Default)]
 pub struct MailProvider {
-    calls: AtomicU32,
+    calls: Arc<AtomicU32>,
 }
 
 impl MailProvider {
@@ -85,29 +84,18 @@ impl MailProvider {
     }
 }
 
-/// Sends one invoice by mail and marks it sent.
-#[derive(Debug)]
-pub struct SendInvoice;
-
-impl Job for SendInvoice {
-    const KIND: &'static str = "send_invoice";
-    const RETRY: RetryPolicy = RetryPolicy::exponential(10)
-        .base(Duration::from_millis(200))
-        .jitter(true);
-    type Args = InvoiceArgs;
-    type Error = InvoiceError;
-
-    fn idempotency_key(args: &InvoiceArgs) -> Option<String> {
-        Some(args.invoice_id.to_string())
-    }
-
-    async fn run(ctx: JobContext, args: InvoiceArgs) -> Result<(), InvoiceError> {
-        send_invoice(ctx, args).await
-    }
-}
-
-/// The handler.
+/// Sends one invoice by mail, then marks it sent and completes the job in one
+/// transaction.
+#[jobq::job(
+    kind = "send_invoice",
+    retry = "exp(max=10,base=200ms,jitter)",
+    idempotency = invoice_id,
+    timeout = "30s"
+)]
 pub async fn send_invoice(ctx: JobContext, args: InvoiceArgs) -> Result<(), InvoiceError> {
+    if !args.email.contains('@') {
+        return Err(InvoiceError::BadAddress(args.email));
+    }
     let (Some(pool), Some(mail)) = (ctx.pool(), ctx.state::<MailProvider>()) else {
         return Err(InvoiceError::ProviderDown);
     };
@@ -127,9 +115,7 @@ pub async fn send_invoice(ctx: JobContext, args: InvoiceArgs) -> Result<(), Invo
         .bind(args.invoice_id)
         .execute(&mut *tx)
         .await?;
-    ctx.complete_in_tx(&mut tx)
-        .await
-        .map_err(|_| InvoiceError::ProviderDown)?;
+    ctx.complete_in_tx(&mut tx).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -154,9 +140,10 @@ pub async fn create_invoice(pool: &PgPool, id: i64, email: &str) -> anyhow::Resu
     Ok(())
 }
 
+/// A fresh database `jobq_example` on the server `DATABASE_URL` names — or the default
+/// local one, or a throwaway cluster when PostgreSQL is installed but not running.
 async fn example_database() -> anyhow::Result<PgPool> {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let url = jobq_testing::resolve_database_url().await?;
     let admin = PgPoolOptions::new()
         .max_connections(1)
         .connect(&url)
@@ -217,8 +204,8 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     tx.rollback().await?;
 
+    // SendInvoice registered itself: #[jobq::job] did that.
     let handle = Runtime::builder(pool.clone())
-        .register::<SendInvoice>()
         .state(MailProvider::default())
         .poll_interval(Duration::from_millis(100))
         .build()?
@@ -286,4 +273,100 @@ async fn main() -> anyhow::Result<()> {
         "the example did not finish as expected"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The invoice job tested the way a user tests theirs: inline for the handler's own
+    //! logic, against a test database for the transaction and the retries.
+
+    use super::*;
+    use jobq_testing::{Perform, TestDatabase, assert_enqueued_with, assert_not_enqueued};
+
+    fn args(invoice_id: i64, email: &str) -> InvoiceArgs {
+        InvoiceArgs {
+            invoice_id,
+            email: email.to_owned(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bad_address_fails_permanently_without_touching_anything() {
+        let outcome = Perform::<SendInvoice>::new(args(1, "not-an-address"))
+            .state(MailProvider::default())
+            .run()
+            .await;
+        assert_eq!(
+            outcome.assert_permanent("bad_address"),
+            "`not-an-address` is not a mail address"
+        );
+    }
+
+    async fn invoices(db: &TestDatabase) -> anyhow::Result<()> {
+        sqlx::query(
+            "CREATE TABLE invoices (id bigint PRIMARY KEY, email text NOT NULL,
+                                    status text NOT NULL, sent_at timestamptz)",
+        )
+        .execute(db.pool())
+        .await?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_invoice_and_its_job_commit_or_roll_back_together() -> anyhow::Result<()> {
+        let db = TestDatabase::new().await?;
+        invoices(&db).await?;
+        let mut tx = db.pool().begin().await?;
+        sqlx::query("INSERT INTO invoices (id, email, status) VALUES (7, 'a@b.c', 'sending')")
+            .execute(&mut *tx)
+            .await?;
+        SendInvoice::enqueue(&mut tx, args(7, "a@b.c")).await?;
+        // Visible inside the uncommitted transaction ...
+        assert_enqueued_with::<SendInvoice>(&mut *tx, &args(7, "a@b.c")).await;
+        tx.rollback().await?;
+        // ... and gone with it.
+        assert_not_enqueued::<SendInvoice>(db.pool()).await;
+
+        create_invoice(db.pool(), 8, "b@c.d").await?;
+        assert_enqueued_with::<SendInvoice>(db.pool(), &args(8, "b@c.d")).await;
+        db.close().await;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn flaky_mail_is_retried_until_sent_and_a_missing_invoice_fails() -> anyhow::Result<()> {
+        let db = TestDatabase::new().await?;
+        invoices(&db).await?;
+        for id in 1..=10 {
+            create_invoice(db.pool(), id, &format!("c{id}@example.com")).await?;
+        }
+        SendInvoice::enqueue(db.pool(), args(404, "nobody@example.com")).await?;
+        // Retries are due in the future: the drain moves its clock instead of sleeping.
+        let drained = db
+            .drain()
+            .state(MailProvider::default())
+            .advance_clock(true)
+            .run()
+            .await?;
+        assert_eq!((drained.done(), drained.failed()), (10, 1));
+        assert!(
+            drained.retried() >= 2,
+            "the provider fails twice in every 7 calls"
+        );
+        let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices WHERE status = 'sent'")
+            .fetch_one(db.pool())
+            .await?;
+        assert_eq!(sent, 10);
+        let (state, code): (String, String) = sqlx::query_as(
+            "SELECT state, last_error_code FROM jobq.jobs WHERE payload->>'invoice_id' = '404'",
+        )
+        .fetch_one(db.pool())
+        .await?;
+        assert_eq!(
+            (state.as_str(), code.as_str()),
+            ("failed", "invoice_missing")
+        );
+        db.close().await;
+        Ok(())
+    }
 }

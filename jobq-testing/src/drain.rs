@@ -2,6 +2,7 @@
 //! forward until every job is terminal.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use jobq::{DrainedAttempt, Job, JobId, Runtime, RuntimeBuilder};
@@ -39,11 +40,12 @@ use crate::sql;
 /// assert_eq!(drained.done(), 1);
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[must_use = "a Drain does nothing until `.run().await`"]
 pub struct Drain {
     pool: PgPool,
     registrations: Vec<fn(RuntimeBuilder) -> RuntimeBuilder>,
+    states: Vec<Arc<dyn Fn(RuntimeBuilder) -> RuntimeBuilder + Send + Sync>>,
     auto_register: bool,
     queues: Option<BTreeSet<String>>,
     advance_clock: bool,
@@ -54,6 +56,20 @@ pub struct Drain {
 /// Rounds a drain runs at most unless told otherwise.
 pub const DEFAULT_MAX_ROUNDS: u32 = 1000;
 
+impl std::fmt::Debug for Drain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Drain")
+            .field("registered", &self.registrations.len())
+            .field("states", &self.states.len())
+            .field("auto_register", &self.auto_register)
+            .field("queues", &self.queues)
+            .field("advance_clock", &self.advance_clock)
+            .field("start", &self.start)
+            .field("max_rounds", &self.max_rounds)
+            .finish()
+    }
+}
+
 impl Drain {
     /// A drain over `pool` serving every `#[jobq::job]` type linked into the test binary
     /// (add hand-written types with [`register`](Self::register)), all queues, the
@@ -62,6 +78,7 @@ impl Drain {
         Drain {
             pool: pool.clone(),
             registrations: Vec::new(),
+            states: Vec::new(),
             auto_register: true,
             queues: None,
             advance_clock: false,
@@ -73,6 +90,14 @@ impl Drain {
     /// Serves job type `J` too. Types implemented by hand are not registered otherwise.
     pub fn register<J: Job>(mut self) -> Self {
         self.registrations.push(|b| b.register::<J>());
+        self
+    }
+
+    /// Hands `value` to every attempt, as `RuntimeBuilder::state` does in production;
+    /// handlers read it with `ctx.state::<T>()`.
+    pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.states
+            .push(Arc::new(move |b: RuntimeBuilder| b.state(value.clone())));
         self
     }
 
@@ -124,6 +149,9 @@ impl Drain {
             b = b.queue(q.clone(), 1);
         }
         for add in &self.registrations {
+            b = add(b);
+        }
+        for add in &self.states {
             b = add(b);
         }
         Ok(b.build()?)
