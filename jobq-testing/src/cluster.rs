@@ -30,6 +30,7 @@ pub(crate) async fn throwaway() -> Result<String, ClusterError> {
             tokio::task::spawn_blocking(start)
                 .await
                 .unwrap_or_else(|e| Err(ClusterError::Failed(format!("start-up task failed: {e}"))))
+                .map(|c| c.url())
         })
         .await
         .clone()
@@ -200,7 +201,113 @@ fn free_port() -> Result<u16, ClusterError> {
         .map_err(|e| ClusterError::Failed(format!("no free port: {e}")))
 }
 
-fn start() -> Result<String, ClusterError> {
+/// A private PostgreSQL cluster in a temporary directory, on a free port of 127.0.0.1,
+/// with trust authentication for the `postgres` role — for tests that must stop and
+/// restart "the database" without disturbing anything else (and for the fallback when no
+/// server is running). Durability settings are relaxed (`fsync=off`), so use
+/// [`stop`](Self::stop) (a clean shutdown), not a crash, between restarts.
+///
+/// The cluster is stopped and its directory removed by a watchdog shortly after the
+/// process that started it exits.
+///
+/// ```no_run
+/// # async fn t() -> Result<(), jobq_testing::Error> {
+/// let cluster = jobq_testing::TempCluster::start().await?;
+/// let db = jobq_testing::TestDatabase::on_server(&cluster.url(), 10).await?;
+/// cluster.stop().await?;   // the database goes away ...
+/// cluster.restart().await?; // ... and comes back on the same port
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct TempCluster {
+    run_as: RunAs,
+    pg_ctl: PathBuf,
+    dir: String,
+    port: u16,
+}
+
+impl TempCluster {
+    /// `initdb` and `pg_ctl start` (as the `postgres` user when running as root).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unreachable`](crate::Error::Unreachable) when PostgreSQL's binaries are
+    /// missing or the cluster does not start, saying why in one line.
+    pub async fn start() -> Result<TempCluster, crate::Error> {
+        tokio::task::spawn_blocking(start)
+            .await
+            .unwrap_or_else(|e| Err(ClusterError::Failed(format!("start-up task failed: {e}"))))
+            .map_err(|e| crate::Error::Unreachable {
+                url: "a throwaway cluster".into(),
+                cause: match e {
+                    ClusterError::NoBinaries => {
+                        "PostgreSQL's binaries (initdb, pg_ctl) were not found".into()
+                    }
+                    ClusterError::Failed(why) => why,
+                },
+                hint: "install PostgreSQL's server package".into(),
+            })
+    }
+
+    /// The admin URL (`postgres` role, `postgres` database).
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Shuts the server down (`pg_ctl stop -m fast`: open connections are cut).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unreachable`](crate::Error::Unreachable) when `pg_ctl` fails.
+    pub async fn stop(&self) -> Result<(), crate::Error> {
+        let args: Vec<String> = ["-D", &self.dir, "-m", "fast", "-w", "stop"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        self.pg_ctl_run(args, "pg_ctl stop").await
+    }
+
+    /// Starts the server again on the same port and data directory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unreachable`](crate::Error::Unreachable) when `pg_ctl` fails.
+    pub async fn restart(&self) -> Result<(), crate::Error> {
+        self.pg_ctl_run(start_args(&self.dir, self.port), "pg_ctl start")
+            .await
+    }
+
+    async fn pg_ctl_run(&self, args: Vec<String>, what: &'static str) -> Result<(), crate::Error> {
+        let (run_as, pg_ctl, url) = (self.run_as, self.pg_ctl.clone(), self.url());
+        tokio::task::spawn_blocking(move || run(run_as.command(&pg_ctl, &args), what))
+            .await
+            .unwrap_or_else(|e| Err(ClusterError::Failed(format!("{what} task failed: {e}"))))
+            .map_err(|e| crate::Error::Unreachable {
+                url,
+                cause: match e {
+                    ClusterError::NoBinaries => "no binaries".into(),
+                    ClusterError::Failed(why) => why,
+                },
+                hint: "see the cluster's server.log in its directory".into(),
+            })
+    }
+}
+
+fn start_args(dir: &str, port: u16) -> Vec<String> {
+    let log = format!("{dir}/server.log");
+    let options = format!(
+        "-p {port} -k {dir} -c listen_addresses=127.0.0.1 -c fsync=off \
+         -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+    );
+    [
+        "-D", dir, "-l", &log, "-o", &options, "-w", "-t", "30", "start",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+fn start() -> Result<TempCluster, ClusterError> {
     let bin = find_bin_dir().ok_or(ClusterError::NoBinaries)?;
     let run_as = RunAs::pick()?;
     let (initdb, pg_ctl) = (bin.join("initdb"), bin.join("pg_ctl"));
@@ -232,24 +339,21 @@ fn start() -> Result<String, ClusterError> {
         .collect();
     spawn_watchdog(run_as, &pg_ctl, &stop_args, &dir);
 
-    let log = dir.join("server.log").to_string_lossy().into_owned();
     let mut last_err = ClusterError::Failed("pg_ctl start was not attempted".into());
     for _ in 0..3 {
         let port = free_port()?;
-        let options = format!(
-            "-p {port} -k {dir_s} -c listen_addresses=127.0.0.1 -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
-        );
-        let start_args: Vec<String> = [
-            "-D", &dir_s, "-l", &log, "-o", &options, "-w", "-t", "30", "start",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        match run(run_as.command(&pg_ctl, &start_args), "pg_ctl start") {
+        match run(
+            run_as.command(&pg_ctl, &start_args(&dir_s, port)),
+            "pg_ctl start",
+        ) {
             Ok(()) => {
                 tracing::info!(dir = %dir_s, port, "started a throwaway PostgreSQL cluster");
-                return Ok(format!("postgres://postgres@127.0.0.1:{port}/postgres"));
+                return Ok(TempCluster {
+                    run_as,
+                    pg_ctl,
+                    dir: dir_s,
+                    port,
+                });
             }
             Err(e) => last_err = e,
         }

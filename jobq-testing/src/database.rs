@@ -67,7 +67,11 @@ impl TestDatabase {
 
     /// Creates and migrates a test database on the server of `admin_url`, whose role must
     /// be allowed to create databases.
-    pub(crate) async fn on_server(admin_url: &str, max: u32) -> Result<TestDatabase, Error> {
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new).
+    pub async fn on_server(admin_url: &str, max: u32) -> Result<TestDatabase, Error> {
         let admin =
             PgConnectOptions::from_str(admin_url)?.log_statements(tracing::log::LevelFilter::Off);
         let name = format!(

@@ -129,6 +129,7 @@ pub use assert::{
     EnqueuedJob, assert_enqueued, assert_enqueued_with, assert_not_enqueued,
     assert_not_enqueued_where, enqueued,
 };
+pub use cluster::TempCluster;
 pub use database::TestDatabase;
 pub use drain::{DEFAULT_MAX_ROUNDS, Drain, Drained};
 pub use error::Error;

@@ -51,7 +51,10 @@ struct Harness {
 
 impl Harness {
     async fn new(jobs: i64) -> anyhow::Result<Harness> {
-        let db = TestDatabase::new().await?;
+        Harness::on(TestDatabase::new().await?, jobs).await
+    }
+
+    async fn on(db: TestDatabase, jobs: i64) -> anyhow::Result<Harness> {
         sqlx::raw_sql(
             "CREATE TABLE attempts_log (job_id bigint, attempt int, n bigint, pid int, at timestamptz DEFAULT clock_timestamp());
              CREATE TABLE side_effects (n bigint, job_id bigint, attempt int, pid int, at timestamptz DEFAULT clock_timestamp());",
@@ -465,5 +468,50 @@ async fn a_transaction_held_open_for_the_whole_run() -> anyhow::Result<()> {
         "held-xmin: throughput with a snapshot held open is {:.0}% of the baseline",
         100.0 * rates[1] / rates[0]
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_restarts_mid_run() -> anyhow::Result<()> {
+    // A private cluster, so stopping it disturbs nothing else on this machine.
+    let cluster = jobq_testing::TempCluster::start().await?;
+    let jobs = soak("JOBQ_SOAK_JOBS", 2000);
+    let db = TestDatabase::on_server(&cluster.url(), 10).await?;
+    let mut h = Harness::on(db, jobs).await?;
+    for _ in 0..3 {
+        h.spawn(&[("CHAOS_HANDLER_MS", "5".into())]);
+    }
+    // Let a part of the work happen, then take the database away for 3 s.
+    let pool = h.pool().clone();
+    assert!(
+        eventually(Duration::from_secs(120), || {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobq.jobs WHERE state = 'done'")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap_or(0)
+                    >= jobs / 4
+            }
+        })
+        .await,
+        "workers made no progress before the restart"
+    );
+    cluster.stop().await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.restart().await?;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while h.open_jobs().await != 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        h.reap_exited(),
+        0,
+        "a worker died while the database was down"
+    );
+    h.stop_all().await;
+    h.verify("database-restart", jobs, 0, ", database down for 3 s")
+        .await;
+    h.db.close().await;
     Ok(())
 }
