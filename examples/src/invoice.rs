@@ -14,11 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use anyhow::Context;
 use jobq::{JobContext, Runtime};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 
 /// The job's arguments: only what the job needs, never the whole invoice.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -140,29 +138,6 @@ pub async fn create_invoice(pool: &PgPool, id: i64, email: &str) -> anyhow::Resu
     Ok(())
 }
 
-/// A fresh database `jobq_example` on the server `DATABASE_URL` names — or the default
-/// local one, or a throwaway cluster when PostgreSQL is installed but not running.
-async fn example_database() -> anyhow::Result<PgPool> {
-    let url = jobq_testing::resolve_database_url().await?;
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .with_context(|| format!("cannot reach PostgreSQL at {url}; set DATABASE_URL"))?;
-    sqlx::query("DROP DATABASE IF EXISTS jobq_example WITH (FORCE)")
-        .execute(&admin)
-        .await?;
-    sqlx::query("CREATE DATABASE jobq_example")
-        .execute(&admin)
-        .await?;
-    admin.close().await;
-    let options: sqlx::postgres::PgConnectOptions = url.parse()?;
-    Ok(PgPoolOptions::new()
-        .max_connections(10)
-        .connect_with(options.database("jobq_example"))
-        .await?)
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -171,7 +146,7 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "warn,invoice=info".into()),
         )
         .init();
-    let pool = example_database().await?;
+    let pool = examples::fresh_database("jobq_example", 10).await?;
     jobq::migrate(&pool).await?;
     sqlx::query(
         "CREATE TABLE invoices (id bigint PRIMARY KEY, email text NOT NULL,

@@ -18,8 +18,6 @@ use anyhow::Context;
 use jobq::{Job, JobContext, JobError, RetryPolicy, Runtime};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -56,28 +54,6 @@ impl Job for Thumbnail {
         }
         Ok(())
     }
-}
-
-async fn example_database() -> anyhow::Result<PgPool> {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .with_context(|| format!("cannot reach PostgreSQL at {url}; set DATABASE_URL"))?;
-    sqlx::query("DROP DATABASE IF EXISTS jobq_prometheus_example WITH (FORCE)")
-        .execute(&admin)
-        .await?;
-    sqlx::query("CREATE DATABASE jobq_prometheus_example")
-        .execute(&admin)
-        .await?;
-    admin.close().await;
-    let options: sqlx::postgres::PgConnectOptions = url.parse()?;
-    Ok(PgPoolOptions::new()
-        .max_connections(10)
-        .connect_with(options.database("jobq_prometheus_example"))
-        .await?)
 }
 
 /// Answers every request on `listener` with the current scrape (a minimal HTTP/1.1
@@ -132,7 +108,7 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!("metrics on http://127.0.0.1:{port}/metrics");
     tokio::spawn(serve(listener, handle.clone()));
 
-    let pool = example_database().await?;
+    let pool = examples::fresh_database("jobq_prometheus_example", 10).await?;
     jobq::migrate(&pool).await?;
     Thumbnail::enqueue_many(&pool, (1..=300).map(|image_id| ImageArgs { image_id })).await?;
 

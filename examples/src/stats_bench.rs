@@ -12,31 +12,7 @@
 
 use std::time::Instant;
 
-use anyhow::Context;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Executor, PgPool, Row};
-
-async fn bench_database() -> anyhow::Result<PgPool> {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .with_context(|| format!("cannot reach PostgreSQL at {url}; set DATABASE_URL"))?;
-    sqlx::query("DROP DATABASE IF EXISTS jobq_stats_bench WITH (FORCE)")
-        .execute(&admin)
-        .await?;
-    sqlx::query("CREATE DATABASE jobq_stats_bench")
-        .execute(&admin)
-        .await?;
-    admin.close().await;
-    let options: sqlx::postgres::PgConnectOptions = url.parse()?;
-    Ok(PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(options.database("jobq_stats_bench"))
-        .await?)
-}
+use sqlx::{Executor, Row};
 
 /// The statements `jobq::stats` runs, with the parameters it binds, for EXPLAIN.
 const EXPLAINED: &[(&str, &str)] = &[
@@ -94,7 +70,7 @@ async fn main() -> anyhow::Result<()> {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(1_000_000);
-    let pool = bench_database().await?;
+    let pool = examples::fresh_database("jobq_stats_bench", 4).await?;
     jobq::migrate(&pool).await?;
 
     let t = Instant::now();

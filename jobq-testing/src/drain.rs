@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use jobq::{DrainedAttempt, Job, JobId, Runtime, RuntimeBuilder};
+use jobq::{DrainReport, DrainedAttempt, Job, JobId, Runtime, RuntimeBuilder};
 use sqlx::PgPool;
 
 use crate::error::Error;
@@ -171,7 +171,7 @@ impl Drain {
             None => sql::clock_now(&self.pool).await?,
         };
         let mut drained = Drained {
-            attempts: Vec::new(),
+            report: DrainReport::default(),
             rounds: 0,
             clock,
         };
@@ -210,7 +210,7 @@ impl Drain {
             drained.rounds += 1;
             let report = self.runtime(&queues)?.drain(Some(clock)).await?;
             let ran = report.attempts.len();
-            drained.attempts.extend(report.attempts);
+            drained.report.attempts.extend(report.attempts);
             drained.clock = clock;
             if ran == 0 {
                 // Due jobs exist but none could be claimed (locked by another
@@ -222,45 +222,27 @@ impl Drain {
     }
 }
 
-/// What a [`Drain`] did: every attempt it ran, in order.
+/// What a [`Drain`] did: every attempt it ran, in order, across its rounds. Derefs to
+/// [`jobq::DrainReport`] for the counts (`done()`, `retried()`, `failed()`,
+/// `cancelled()`) and the `attempts`.
 #[derive(Debug, Clone)]
 pub struct Drained {
     /// Every attempt, in the order they ran.
-    pub attempts: Vec<DrainedAttempt>,
+    pub report: DrainReport,
     /// Rounds run (each one [`jobq::Runtime::drain`] at one clock value).
     pub rounds: u32,
     /// The clock at the last round.
     pub clock: DateTime<Utc>,
 }
 
+impl std::ops::Deref for Drained {
+    type Target = DrainReport;
+    fn deref(&self) -> &DrainReport {
+        &self.report
+    }
+}
+
 impl Drained {
-    fn count(&self, state: &str) -> usize {
-        self.attempts
-            .iter()
-            .filter(|a| a.state.as_deref() == Some(state))
-            .count()
-    }
-
-    /// Attempts that left their job `done`.
-    pub fn done(&self) -> usize {
-        self.count("done")
-    }
-
-    /// Attempts that left their job `pending` for a retry.
-    pub fn retried(&self) -> usize {
-        self.count("pending")
-    }
-
-    /// Attempts that left their job `failed`.
-    pub fn failed(&self) -> usize {
-        self.count("failed")
-    }
-
-    /// Attempts that left their job `cancelled`.
-    pub fn cancelled(&self) -> usize {
-        self.count("cancelled")
-    }
-
     /// Whether no attempt ran.
     pub fn is_empty(&self) -> bool {
         self.attempts.is_empty()
