@@ -97,3 +97,22 @@ pub async fn invariant_violations(pool: &sqlx::PgPool) -> Vec<String> {
         })
         .collect()
 }
+
+/// Waits up to `timeout` for job `id` to reach `state`; returns whether it did.
+pub async fn reaches_state(
+    pool: &sqlx::PgPool,
+    id: jobq::JobId,
+    state: &str,
+    timeout: Duration,
+) -> bool {
+    eventually(timeout, || async move {
+        sqlx::query_scalar::<_, String>("SELECT state FROM jobq.jobs WHERE id = $1")
+            .bind(id.0)
+            .fetch_optional(pool)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| s == state)
+    })
+    .await
+}

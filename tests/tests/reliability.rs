@@ -68,13 +68,9 @@ async fn a_timed_out_attempt_is_cancelled_before_its_retry_starts() -> anyhow::R
         .start()
         .await?;
     let job = TimesOut::enqueue(pool, N { n: 1 }).await?;
-    let p = pool.clone();
     assert!(
-        eventually(Duration::from_secs(10), || {
-            let p = p.clone();
-            async move { tests::job_state(&p, job.id).await.0 == "done" }
-        })
-        .await
+        tests::reaches_state(pool, job.id, "done", Duration::from_secs(10)).await,
+        "job never became done"
     );
     handle.shutdown().await;
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -409,13 +409,9 @@ async fn panic_timeout_and_undecodable_payload_are_classified_and_the_runtime_ke
         .queue(queue.clone())
         .enqueue(pool)
         .await?;
-    let p = pool.clone();
     assert!(
-        eventually(Duration::from_secs(10), || {
-            let p = p.clone();
-            async move { tests::job_state(&p, later.id).await.0 == "done" }
-        })
-        .await
+        tests::reaches_state(pool, later.id, "done", Duration::from_secs(10)).await,
+        "job never became done"
     );
     handle.shutdown().await;
     db.close().await;
@@ -495,13 +491,9 @@ async fn lease_expiring_under_a_running_handler_is_rescued_and_the_late_attempt_
         .queue(queue.clone())
         .enqueue(pool)
         .await?;
-    let p = pool.clone();
     assert!(
-        eventually(Duration::from_secs(5), || {
-            let p = p.clone();
-            async move { tests::job_state(&p, job.id).await.0 == "running" }
-        })
-        .await
+        tests::reaches_state(pool, job.id, "running", Duration::from_secs(5)).await,
+        "job never became running"
     );
     // Worker B: a reaper every 100 ms.
     let b = Runtime::builder(pool.clone())
@@ -517,13 +509,9 @@ async fn lease_expiring_under_a_running_handler_is_rescued_and_the_late_attempt_
         .build()?
         .start()
         .await?;
-    let p = pool.clone();
     assert!(
-        eventually(Duration::from_secs(10), || {
-            let p = p.clone();
-            async move { tests::job_state(&p, job.id).await.0 == "done" }
-        })
-        .await
+        tests::reaches_state(pool, job.id, "done", Duration::from_secs(10)).await,
+        "job never became done"
     );
     // Wait for the first attempt's late writes.
     assert!(
@@ -667,13 +655,9 @@ async fn graceful_shutdown_finishes_short_attempts_and_hands_back_long_ones() ->
         .execute(pool)
         .await?;
     let handle = rt().build()?.start().await?;
-    let p = pool.clone();
     assert!(
-        eventually(Duration::from_secs(3), || {
-            let p = p.clone();
-            async move { tests::job_state(&p, long.id).await.0 == "done" }
-        })
-        .await
+        tests::reaches_state(pool, long.id, "done", Duration::from_secs(3)).await,
+        "job never became done"
     );
     handle.shutdown().await;
     db.close().await;
@@ -695,16 +679,8 @@ async fn notifications_wake_workers_and_the_listener_reconnects() -> anyhow::Res
         .build()?
         .start()
         .await?;
-    let wait_done = |id: jobq::JobId| {
-        let p = pool.clone();
-        async move {
-            eventually(Duration::from_secs(5), || {
-                let p = p.clone();
-                async move { tests::job_state(&p, id).await.0 == "done" }
-            })
-            .await
-        }
-    };
+    let wait_done =
+        |id: jobq::JobId| tests::reaches_state(pool, id, "done", Duration::from_secs(5));
     // Let the listener connect.
     let p = pool.clone();
     assert!(
