@@ -12,7 +12,8 @@
 //! - `CHAOS_HANDLER_MS`: how long a handler works before its effect (default 2)
 //! - `CHAOS_CRASH`: `none`, `after_claim`, `mid_handler` or `after_effect`
 //! - `CHAOS_CRASH_ON`: the number of the job (counted in this process) to crash on
-//! - `CHAOS_HOG_POOL`: `1` to take every pool connection for 3 s out of every 5 s
+//! - `CHAOS_HOG_POOL`: `1` to take every pool connection it can for 2.5 s (past the
+//!   2 s lease), first after 1 s, then every 6 s
 //! - `CHAOS_POOL`: pool size (default 6)
 //! - `CHAOS_REPORT_CLOCK`: `1` to write this process's wall clock to `worker_clocks`
 //!
@@ -62,6 +63,12 @@ struct Chaos;
 impl Job for Chaos {
     const KIND: &'static str = "chaos";
     const LEASE: Duration = Duration::from_secs(2);
+    // Short backoff: failures here come from injected faults, and a test waits for every
+    // job to finish.
+    const RETRY: jobq::RetryPolicy = jobq::RetryPolicy::exponential(25)
+        .base(Duration::from_millis(100))
+        .cap(Duration::from_secs(2))
+        .jitter(true);
     type Args = ChaosArgs;
     type Error = JobError;
 
@@ -162,15 +169,21 @@ async fn main() -> anyhow::Result<()> {
     if env("CHAOS_HOG_POOL", 0) == 1 {
         let hog = pool.clone();
         tokio::spawn(async move {
+            let mut pause = Duration::from_secs(1);
             loop {
-                tokio::time::sleep(Duration::from_secs(2)).await;
+                tokio::time::sleep(pause).await;
+                pause = Duration::from_secs(3);
+                // Take every connection as it comes free for half a second (without
+                // queueing ahead of everyone else), then sit on them past the lease.
                 let mut held = Vec::new();
-                for _ in 0..pool_size {
-                    if let Ok(c) = hog.acquire().await {
-                        held.push(c);
+                let grab_until = tokio::time::Instant::now() + Duration::from_millis(500);
+                while held.len() < pool_size as usize && tokio::time::Instant::now() < grab_until {
+                    match hog.try_acquire() {
+                        Some(c) => held.push(c),
+                        None => tokio::time::sleep(Duration::from_millis(5)).await,
                     }
                 }
-                tokio::time::sleep(Duration::from_secs(3)).await;
+                tokio::time::sleep(Duration::from_millis(2500)).await;
                 drop(held);
             }
         });
