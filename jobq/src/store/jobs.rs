@@ -89,6 +89,9 @@ pub(crate) async fn job_insert_many(
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
+    if jobs.iter().all(|j| j.idempotency_key.is_none()) {
+        return job_insert_many_unkeyed(conn, jobs).await;
+    }
     let n = jobs.len();
     let mut kinds = Vec::with_capacity(n);
     let mut queues = Vec::with_capacity(n);
@@ -140,13 +143,14 @@ pub(crate) async fn job_insert_many(
         FROM input i
         LEFT JOIN ins n ON n.id = i.new_id
         LEFT JOIN LATERAL (
-            SELECT coalesce(
+            -- The CASE keeps the planner from scanning `ins` once per unkeyed row
+            -- (quadratic in the batch size).
+            SELECT CASE WHEN i.idempotency_key IS NOT NULL AND n.id IS NULL THEN coalesce(
                 (SELECT x.id FROM ins x
                  WHERE x.kind = i.kind AND x.idempotency_key = i.idempotency_key),
                 (SELECT j.id FROM jobq.jobs j
                  WHERE j.kind = i.kind AND j.idempotency_key = i.idempotency_key)
-            ) AS id
-            WHERE i.idempotency_key IS NOT NULL
+            ) END AS id
         ) dup ON n.id IS NULL
         ORDER BY i.ord
         "#,
@@ -184,6 +188,85 @@ pub(crate) async fn job_insert_many(
         out.push(Enqueued { id, duplicate });
     }
     Ok(out)
+}
+
+/// `job_insert_many` for a batch in which no job has an idempotency key, the common
+/// bulk case: no conflict is possible, so the statement is a plain `INSERT … SELECT FROM
+/// unnest(…)` with ids drawn up front, and returns them in input order. (The general
+/// statement's duplicate lookups made it about ten times slower per row.)
+async fn job_insert_many_unkeyed(
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+) -> Result<Vec<Enqueued>, Error> {
+    let n = jobs.len();
+    let mut kinds = Vec::with_capacity(n);
+    let mut queues = Vec::with_capacity(n);
+    let mut payloads = Vec::with_capacity(n);
+    let mut priorities = Vec::with_capacity(n);
+    let mut max_attempts = Vec::with_capacity(n);
+    let mut run_afters = Vec::with_capacity(n);
+    let mut delays = Vec::with_capacity(n);
+    for j in jobs {
+        kinds.push(j.kind.as_str());
+        queues.push(j.queue.as_str());
+        payloads.push(j.payload.as_str());
+        priorities.push(j.priority);
+        max_attempts.push(j.max_attempts);
+        run_afters.push(j.run_after);
+        delays.push(j.delay_secs);
+    }
+    let ids: Vec<i64> = sqlx::query_scalar(
+        r#"
+        WITH input AS (
+            SELECT t.*, nextval('jobq.jobs_id_seq') AS new_id
+            FROM unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::int4[],
+                        $6::timestamptz[], $7::float8[])
+                 WITH ORDINALITY AS t(kind, queue, payload, priority, max_attempts,
+                                      run_after, delay, ord)
+        ),
+        ins AS (
+            INSERT INTO jobq.jobs
+                (id, kind, queue, payload, priority, max_attempts, run_after)
+            SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts,
+                   coalesce(run_after, now() + make_interval(secs => coalesce(delay, 0)))
+            FROM input
+            RETURNING queue, run_after
+        ),
+        wake AS (
+            SELECT pg_notify($8, q.queue)
+            FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q
+        )
+        SELECT i.new_id FROM input i
+        WHERE (SELECT count(*) FROM wake) >= 0
+        ORDER BY i.ord
+        "#,
+    )
+    .bind(&kinds)
+    .bind(&queues)
+    .bind(&payloads)
+    .bind(&priorities)
+    .bind(&max_attempts)
+    .bind(&run_afters)
+    .bind(&delays)
+    .bind(NOTIFY_CHANNEL)
+    .fetch_all(&mut *conn)
+    .await?;
+    if ids.len() != n {
+        return Err(Error::invalid(
+            "insert_count_mismatch",
+            format!(
+                "inserted a batch of {n} jobs but got {} ids back",
+                ids.len()
+            ),
+        ));
+    }
+    Ok(ids
+        .into_iter()
+        .map(|id| Enqueued {
+            id: JobId(id),
+            duplicate: false,
+        })
+        .collect())
 }
 
 /// A job as claimed by one attempt. `(id, attempt)` is the attempt's fencing token.
