@@ -58,11 +58,21 @@ impl Settings {
         let mut jobs = None;
         let mut reps = None;
         let mut only = None;
+        let mut concurrencies = None;
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--quick" => quick = true,
                 "--jobs" => jobs = Some(args.next().context("--jobs N")?.parse()?),
                 "--reps" => reps = Some(args.next().context("--reps R")?.parse()?),
+                "--concurrency" => {
+                    concurrencies = Some(
+                        args.next()
+                            .context("--concurrency LIST")?
+                            .split(',')
+                            .map(str::parse)
+                            .collect::<Result<Vec<usize>, _>>()?,
+                    )
+                }
                 "--only" => {
                     only = Some(
                         args.next()
@@ -74,7 +84,7 @@ impl Settings {
                 }
                 "-h" | "--help" => {
                     println!(
-                        "bench [--quick] [--jobs N] [--reps R] [--only ceiling,enqueue,drain,latency,notify,scale]"
+                        "bench [--quick] [--jobs N] [--reps R] [--concurrency 1,16,64,256] [--only ceiling,enqueue,drain,latency,notify,scale]"
                     );
                     std::process::exit(0);
                 }
@@ -97,8 +107,8 @@ impl Settings {
             Settings {
                 quick,
                 jobs: 100_000,
-                singles: 5_000,
-                singles_drain: 20_000,
+                singles: 2_000,
+                singles_drain: 10_000,
                 reps: 3,
                 drain_cap: Duration::from_secs(20),
                 latency_secs: 5.0,
@@ -113,6 +123,9 @@ impl Settings {
             s.reps = r;
         }
         s.only = only;
+        if let Some(c) = concurrencies {
+            s.concurrencies = c;
+        }
         Ok(s)
     }
 
