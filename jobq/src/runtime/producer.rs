@@ -78,8 +78,12 @@ impl Producer {
                 });
             }
             drop(permits);
-            if got < want {
+            if got == 0 {
                 // The queue has no more due jobs: wait for a wake-up or the next poll.
+                // (A short claim is not enough to go idle: with other workers claiming
+                // from the same queue, SKIP LOCKED returns fewer rows than asked while
+                // plenty are due, and waiting for a poll here idled whole processes.
+                // Claiming again costs one statement when the queue is really dry.)
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = self.wake.notified() => {}
