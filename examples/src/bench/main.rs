@@ -239,13 +239,37 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
     progress("enqueue");
     let pool = db.new_pool(4).await?;
     let (mut one, mut many) = (Samples::default(), Samples::default());
+    let mut paired = Samples::default();
+    let mut one_noping = Samples::default();
+    // sqlx pings every connection it hands out unless told not to: one more round trip
+    // per enqueue on a pool. Measured both ways.
+    let noping = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .test_before_acquire(false)
+        .connect_with(db.options.clone())
+        .await?;
     for _ in 0..s.reps {
         db.reset().await?;
-        let start = Instant::now();
-        for i in 0..s.singles {
-            Noop::enqueue(&pool, i as u64).await?;
+        // Alternating rounds of the raw INSERT and of enqueue, so the ratio compares
+        // the two under the same commit latency (it drifts by 2x within a minute here).
+        let round = (s.singles / 10).max(1);
+        let (mut t_raw, mut t_jobq, mut t_noping) = (0.0, 0.0, 0.0);
+        for r in 0..10 {
+            t_raw += round as f64 / raw::insert_one_by_one(db, 1, round, false).await?;
+            let start = Instant::now();
+            for i in 0..round {
+                Noop::enqueue(&pool, (r * round + i) as u64).await?;
+            }
+            t_jobq += start.elapsed().as_secs_f64();
+            let start = Instant::now();
+            for i in 0..round {
+                Noop::enqueue(&noping, (r * round + i) as u64).await?;
+            }
+            t_noping += start.elapsed().as_secs_f64();
         }
-        one.push(s.singles as f64 / start.elapsed().as_secs_f64());
+        paired.push((10 * round) as f64 / t_raw);
+        one.push((10 * round) as f64 / t_jobq);
+        one_noping.push((10 * round) as f64 / t_noping);
         db.reset().await?;
         let start = Instant::now();
         let mut n = 0;
@@ -257,10 +281,22 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
         many.push(n as f64 / start.elapsed().as_secs_f64());
     }
     pool.close().await;
+    r.ceiling(
+        "insert_one_paired",
+        "ceiling, paired: INSERT, one row per transaction, in rounds alternating with enqueue",
+        paired,
+    );
     r.jobq(
         "enqueue: one job per call on a pool (1 client, sequential)",
         one,
-        Some("insert_one"),
+        Some("insert_one_paired"),
+        vec![Target::ratio_at_least(0.85)],
+    );
+    noping.close().await;
+    r.jobq(
+        "enqueue: one job per call on a pool with test_before_acquire(false)",
+        one_noping,
+        Some("insert_one_paired"),
         vec![Target::ratio_at_least(0.85)],
     );
     r.jobq(
@@ -343,20 +379,37 @@ async fn drain_once(
 
 async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<()> {
     let mut best: Option<(usize, f64)> = None;
-    let mut rows = Vec::new();
-    for &c in &s.concurrencies {
-        progress(&format!("drain at concurrency {c}"));
-        let (mut rate, mut commits, mut wal, mut dead, mut rss) = Default::default();
-        let mut capped = false;
-        for _ in 0..s.reps {
+    type Figures = (Samples, Samples, Samples, Samples, Samples, bool);
+    let mut figures: Vec<Figures> = vec![Default::default(); s.concurrencies.len()];
+    let mut paired = Samples::default();
+    for rep in 0..s.reps {
+        // The batched ceiling once per repetition, right before jobq's drains, so their
+        // ratio compares the two under the same load.
+        progress(&format!(
+            "drain, repetition {}: raw batched ceiling",
+            rep + 1
+        ));
+        db.reset().await?;
+        db.fill(s.jobs).await?;
+        paired.push(raw::drain(db, 4, 100).await?);
+        for (&c, f) in s.concurrencies.iter().zip(figures.iter_mut()) {
+            progress(&format!("drain, repetition {}: concurrency {c}", rep + 1));
             let run = drain_once(s, db, 1, c).await?;
-            Samples::push(&mut rate, run.rate);
-            Samples::push(&mut commits, run.commits_per_job);
-            Samples::push(&mut wal, run.wal_per_job);
-            Samples::push(&mut dead, run.dead_tuples);
-            Samples::push(&mut rss, run.rss_kib[0] as f64 / 1024.0);
-            capped |= run.capped;
+            f.0.push(run.rate);
+            f.1.push(run.commits_per_job);
+            f.2.push(run.wal_per_job);
+            f.3.push(run.dead_tuples);
+            f.4.push(run.rss_kib[0] as f64 / 1024.0);
+            f.5 |= run.capped;
         }
+    }
+    r.ceiling(
+        "claim100_paired",
+        "ceiling, paired: claim 100 + complete 100 (4 clients), run before each repetition's drains",
+        paired,
+    );
+    let mut rows = Vec::new();
+    for (&c, (rate, commits, wal, dead, rss, capped)) in s.concurrencies.iter().zip(figures) {
         let m = rate.median();
         if best.is_none_or(|(_, b)| m > b) {
             best = Some((c, m));
@@ -381,7 +434,7 @@ async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<()>
                 if is_best { " (best)" } else { "" }
             ),
             rate,
-            Some("claim100"),
+            Some("claim100_paired"),
             targets,
         );
         r.cost(
