@@ -13,6 +13,20 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 /// When no server can be reached (one line saying how to fix it), or the database cannot
 /// be created.
 pub async fn fresh_database(name: &str, max: u32) -> anyhow::Result<PgPool> {
+    let url = fresh_database_url(name).await?;
+    let options: PgConnectOptions = url.parse()?;
+    Ok(PgPoolOptions::new()
+        .max_connections(max)
+        .connect_with(options)
+        .await?)
+}
+
+/// As [`fresh_database`], returning the new database's URL (for worker processes).
+///
+/// # Errors
+///
+/// As [`fresh_database`].
+pub async fn fresh_database_url(name: &str) -> anyhow::Result<String> {
     let url = jobq_testing::resolve_database_url().await?;
     let admin = PgPoolOptions::new()
         .max_connections(1)
@@ -28,9 +42,5 @@ pub async fn fresh_database(name: &str, max: u32) -> anyhow::Result<PgPool> {
         .execute(&admin)
         .await?;
     admin.close().await;
-    let options: PgConnectOptions = url.parse()?;
-    Ok(PgPoolOptions::new()
-        .max_connections(max)
-        .connect_with(options.database(name))
-        .await?)
+    Ok(jobq_testing::with_database(&url, name))
 }

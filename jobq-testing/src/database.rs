@@ -185,8 +185,9 @@ impl Drop for TestDatabase {
     }
 }
 
-/// `url` with its database name replaced by `database`, keeping any query string.
-fn with_database(url: &str, database: &str) -> String {
+/// `url` with its database name replaced by `database`, keeping any query string: the
+/// URL of another database on the same server (for a worker process, say).
+pub fn with_database(url: &str, database: &str) -> String {
     let (head, query) = match url.split_once('?') {
         Some((h, q)) => (h, format!("?{q}")),
         None => (url, String::new()),

@@ -130,7 +130,7 @@ pub use assert::{
     assert_not_enqueued_where, enqueued,
 };
 pub use cluster::TempCluster;
-pub use database::TestDatabase;
+pub use database::{TestDatabase, with_database};
 pub use drain::{DEFAULT_MAX_ROUNDS, Drain, Drained};
 pub use error::Error;
 pub use inline::{Outcome, Perform, perform};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -36,6 +36,8 @@ impl Producer {
     pub(crate) async fn run(self, stop: CancellationToken) {
         let slots = Arc::new(Semaphore::new(self.concurrency));
         let mut backoff = Duration::from_millis(100);
+        // Whether the last claim came back full: the queue has more due jobs than slots.
+        let mut busy = false;
         loop {
             let first = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -47,6 +49,9 @@ impl Producer {
             let mut permits = vec![first];
             while let Ok(p) = slots.clone().try_acquire_owned() {
                 permits.push(p);
+            }
+            if busy {
+                gather(&slots, &mut permits, self.concurrency).await;
             }
             let want = permits.len();
             let sent = Instant::now();
@@ -68,6 +73,7 @@ impl Producer {
                 }
             };
             let got = jobs.len();
+            busy = got == want;
             for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
                 let env = AttemptEnv {
                     config: self.config.clone(),
@@ -80,8 +86,12 @@ impl Producer {
                 });
             }
             drop(permits);
-            if got < want {
+            if got == 0 {
                 // The queue has no more due jobs: wait for a wake-up or the next poll.
+                // (A short claim is not enough to go idle: with other workers claiming
+                // from the same queue, SKIP LOCKED returns fewer rows than asked while
+                // plenty are due, and waiting for a poll here idled whole processes.
+                // Claiming again costs one statement when the queue is really dry.)
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = self.wake.notified() => {}
@@ -89,6 +99,40 @@ impl Producer {
                 }
             }
         }
+    }
+}
+
+/// How long a busy producer waits for more free slots before it claims.
+const GATHER_WAIT: Duration = Duration::from_millis(5);
+
+/// While the queue is busy, slots free a few at a time (the attempts of one completed
+/// batch drop their permits one by one), and claiming whenever one frees makes many
+/// tiny claims: each is a statement and a commit, and each scans the claim index past
+/// the entries of the jobs claimed before it. So a busy producer waits up to
+/// [`GATHER_WAIT`] for a quarter of its slots before it claims. An idle queue (the last
+/// claim came back short) is not delayed: a wake-up claims at once.
+async fn gather(
+    slots: &Arc<Semaphore>,
+    permits: &mut Vec<OwnedSemaphorePermit>,
+    concurrency: usize,
+) {
+    let target = (concurrency / 4).max(1);
+    if permits.len() >= target {
+        return;
+    }
+    let deadline = tokio::time::sleep(GATHER_WAIT);
+    tokio::pin!(deadline);
+    while permits.len() < target {
+        tokio::select! {
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => permits.push(p),
+                Err(_) => return,
+            },
+            _ = &mut deadline => break,
+        }
+    }
+    while let Ok(p) = slots.clone().try_acquire_owned() {
+        permits.push(p);
     }
 }
 

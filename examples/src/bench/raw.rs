@@ -1,0 +1,140 @@
+//! The ceiling: the same work as raw SQL on plain connections, no framework. Every jobq
+//! figure is compared with the matching row here.
+
+use std::time::Instant;
+
+use sqlx::{Connection, PgConnection};
+
+use crate::util::{BenchDb, KIND};
+
+/// One single-row INSERT per transaction (autocommit), sequentially from one client.
+/// With `notify`, the statement also wakes the queue the way jobq's enqueue does.
+pub(crate) async fn insert_one_by_one(
+    db: &BenchDb,
+    clients: usize,
+    n: usize,
+    notify: bool,
+) -> anyhow::Result<f64> {
+    let per = n / clients;
+    let mut conns = Vec::new();
+    for _ in 0..clients {
+        conns.push(db.connect().await?);
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for mut conn in conns {
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per {
+                insert_one(&mut conn, i, notify).await?;
+            }
+            conn.close().await?;
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok((per * clients) as f64 / start.elapsed().as_secs_f64())
+}
+
+async fn insert_one(conn: &mut PgConnection, i: usize, notify: bool) -> anyhow::Result<()> {
+    let payload = i.to_string();
+    if notify {
+        sqlx::query(
+            "WITH ins AS (
+                 INSERT INTO jobq.jobs (kind, queue, payload) VALUES ($1, $2, $3::text::jsonb)
+                 RETURNING queue
+             )
+             SELECT pg_notify('jobq_insert', queue) FROM ins",
+        )
+    } else {
+        sqlx::query("INSERT INTO jobq.jobs (kind, queue, payload) VALUES ($1, $2, $3::text::jsonb)")
+    }
+    .bind(KIND)
+    .bind("default")
+    .bind(payload)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Batches of `batch` rows, one `INSERT … SELECT FROM unnest(…)` each, from one client.
+pub(crate) async fn insert_batches(db: &BenchDb, n: usize, batch: usize) -> anyhow::Result<f64> {
+    let mut conn = db.connect().await?;
+    let kinds = vec![KIND.to_owned(); batch];
+    let queues = vec!["default".to_owned(); batch];
+    let start = Instant::now();
+    let mut done = 0;
+    while done < n {
+        let payloads: Vec<String> = (done..done + batch).map(|i| i.to_string()).collect();
+        sqlx::query(
+            "INSERT INTO jobq.jobs (kind, queue, payload)
+             SELECT k, q, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) AS t(k, q, p)",
+        )
+        .bind(&kinds)
+        .bind(&queues)
+        .bind(&payloads)
+        .execute(&mut conn)
+        .await?;
+        done += batch;
+    }
+    let rate = done as f64 / start.elapsed().as_secs_f64();
+    conn.close().await?;
+    Ok(rate)
+}
+
+/// Drains the pre-filled table with `clients` connections, each claiming `batch` jobs
+/// (FOR UPDATE SKIP LOCKED) and completing them in one statement, until none is left.
+/// Returns jobs per second.
+pub(crate) async fn drain(db: &BenchDb, clients: usize, batch: i64) -> anyhow::Result<f64> {
+    let mut conns = Vec::new();
+    for _ in 0..clients {
+        conns.push(db.connect().await?);
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for mut conn in conns {
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0usize;
+            loop {
+                let ids: Vec<i64> = sqlx::query_scalar(
+                    "WITH c AS MATERIALIZED (
+                         SELECT id FROM jobq.jobs
+                         WHERE state = 'pending' AND queue = 'default' AND run_after <= now()
+                         ORDER BY priority, run_after, id
+                         LIMIT $1
+                         FOR UPDATE SKIP LOCKED
+                     )
+                     UPDATE jobq.jobs j
+                     SET state = 'running', attempts = j.attempts + 1,
+                         locked_until = now() + interval '60 seconds', locked_by = 'raw',
+                         started_at = now()
+                     FROM c WHERE j.id = c.id
+                     RETURNING j.id",
+                )
+                .bind(batch)
+                .fetch_all(&mut conn)
+                .await?;
+                if ids.is_empty() {
+                    break;
+                }
+                sqlx::query(
+                    "UPDATE jobq.jobs
+                     SET state = 'done', finished_at = now(), locked_until = NULL, locked_by = NULL
+                     WHERE id = ANY($1) AND state = 'running'",
+                )
+                .bind(&ids)
+                .execute(&mut conn)
+                .await?;
+                done += ids.len();
+            }
+            conn.close().await?;
+            anyhow::Ok(done)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}

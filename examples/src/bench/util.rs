@@ -1,0 +1,239 @@
+//! Shared pieces: the no-op job, the bench database, PostgreSQL cost counters, and
+//! median-of-repetitions bookkeeping.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use jobq::{Job, JobContext, JobError};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+
+/// The kind every bench job has.
+pub(crate) const KIND: &str = "bench_noop";
+
+/// A job that does nothing, except record its start time when a [`Starts`] recorder is
+/// in the runtime's state (the latency run).
+#[derive(Debug)]
+pub(crate) struct Noop;
+
+impl Job for Noop {
+    const KIND: &'static str = KIND;
+    type Args = u64;
+    type Error = JobError;
+
+    async fn run(ctx: JobContext, seq: u64) -> Result<(), JobError> {
+        if let Some(starts) = ctx.state::<std::sync::Arc<Starts>>() {
+            starts.record(seq);
+        }
+        Ok(())
+    }
+}
+
+/// Handler start times by sequence number (latency run).
+#[derive(Debug)]
+pub(crate) struct Starts {
+    pub(crate) epoch: Instant,
+    pub(crate) at: Mutex<Vec<Option<Duration>>>,
+}
+
+impl Starts {
+    pub(crate) fn new(n: usize) -> Starts {
+        Starts {
+            epoch: Instant::now(),
+            at: Mutex::new(vec![None; n]),
+        }
+    }
+
+    fn record(&self, seq: u64) {
+        let now = self.epoch.elapsed();
+        if let Ok(mut at) = self.at.lock()
+            && let Some(slot) = usize::try_from(seq).ok().and_then(|i| at.get_mut(i))
+        {
+            slot.get_or_insert(now);
+        }
+    }
+}
+
+/// The bench database: created fresh at start, its tables reset between repetitions.
+#[derive(Debug, Clone)]
+pub(crate) struct BenchDb {
+    pub(crate) options: PgConnectOptions,
+    pub(crate) url: String,
+    pub(crate) pool: PgPool,
+}
+
+pub(crate) const DB_NAME: &str = "jobq_bench";
+
+impl BenchDb {
+    pub(crate) async fn create() -> anyhow::Result<BenchDb> {
+        let db_url = examples::fresh_database_url(DB_NAME).await?;
+        let options: PgConnectOptions = db_url.parse()?;
+        let options = options.log_statements(tracing::log::LevelFilter::Off);
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options.clone())
+            .await?;
+        jobq::migrate(&pool).await?;
+        Ok(BenchDb {
+            options,
+            url: db_url,
+            pool,
+        })
+    }
+
+    /// A pool of `max` connections to the bench database.
+    pub(crate) async fn new_pool(&self, max: u32) -> anyhow::Result<PgPool> {
+        Ok(PgPoolOptions::new()
+            .max_connections(max)
+            .min_connections(max.min(4))
+            .connect_with(self.options.clone())
+            .await?)
+    }
+
+    /// One connection outside any pool (a raw-SQL client).
+    pub(crate) async fn connect(&self) -> anyhow::Result<PgConnection> {
+        Ok(PgConnection::connect_with(&self.options).await?)
+    }
+
+    /// Empties the job table (the repetition's reset).
+    pub(crate) async fn reset(&self) -> anyhow::Result<()> {
+        sqlx::query("TRUNCATE jobq.jobs RESTART IDENTITY")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Inserts `n` due no-op jobs with one set-based statement (not measured).
+    pub(crate) async fn fill(&self, n: usize) -> anyhow::Result<()> {
+        sqlx::query(
+            "INSERT INTO jobq.jobs (kind, queue, payload)
+             SELECT $1, 'default', '0'::jsonb FROM generate_series(1, $2)",
+        )
+        .bind(KIND)
+        .bind(i64::try_from(n)?)
+        .execute(&self.pool)
+        .await?;
+        sqlx::query("ANALYZE jobq.jobs").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Whether any job is still pending or running (cheap: both are partial indexes).
+    pub(crate) async fn unfinished(&self) -> anyhow::Result<bool> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM jobq.jobs WHERE state = 'pending')
+                 OR EXISTS (SELECT 1 FROM jobq.jobs WHERE state = 'running')",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    pub(crate) async fn count_state(&self, state: &str) -> anyhow::Result<i64> {
+        Ok(
+            sqlx::query_scalar("SELECT count(*) FROM jobq.jobs WHERE state = $1")
+                .bind(state)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Commits of the bench database and the server's WAL position, read on a fresh
+    /// connection so the statistics other backends flushed are visible.
+    pub(crate) async fn counters(&self) -> anyhow::Result<Counters> {
+        let mut conn = self.connect().await?;
+        let (commits, wal_bytes): (i64, f64) = sqlx::query_as(
+            "SELECT xact_commit, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8
+             FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&mut conn)
+        .await?;
+        let dead: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables
+             WHERE schemaname = 'jobq' AND relname = 'jobs'",
+        )
+        .fetch_one(&mut conn)
+        .await?;
+        conn.close().await?;
+        Ok(Counters {
+            commits,
+            wal_bytes,
+            dead_tuples: dead,
+        })
+    }
+
+    /// Makes this session's and exited backends' statistics visible: flush ours, and give
+    /// exiting backends a moment to flush theirs.
+    pub(crate) async fn settle_stats(&self) -> anyhow::Result<()> {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+/// PostgreSQL's cost counters at one moment.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Counters {
+    pub(crate) commits: i64,
+    pub(crate) wal_bytes: f64,
+    pub(crate) dead_tuples: i64,
+}
+
+/// The repetitions of one figure.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Samples(pub(crate) Vec<f64>);
+
+impl Samples {
+    pub(crate) fn push(&mut self, v: f64) {
+        self.0.push(v);
+    }
+
+    fn sorted(&self) -> Vec<f64> {
+        let mut v = self.0.clone();
+        v.sort_by(f64::total_cmp);
+        v
+    }
+
+    pub(crate) fn median(&self) -> f64 {
+        let v = self.sorted();
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        let m = v.len() / 2;
+        if !v.len().is_multiple_of(2) {
+            v[m]
+        } else {
+            (v[m - 1] + v[m]) / 2.0
+        }
+    }
+
+    pub(crate) fn min(&self) -> f64 {
+        self.sorted().first().copied().unwrap_or(f64::NAN)
+    }
+
+    pub(crate) fn max(&self) -> f64 {
+        self.sorted().last().copied().unwrap_or(f64::NAN)
+    }
+}
+
+/// The `q`-quantile (0..=1) of sorted `v`, nearest rank.
+pub(crate) fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (q * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+/// Peak resident set size of this process in KiB (`VmHWM`).
+pub(crate) fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
