@@ -44,30 +44,23 @@ pub(crate) async fn lease_extend_many(
     let ids: Vec<i64> = leases.iter().map(|l| l.id).collect();
     let attempts: Vec<i32> = leases.iter().map(|l| l.attempt).collect();
     let secs: Vec<f64> = leases.iter().map(|l| l.lease_secs).collect();
-    let rows = sqlx::query(
+    // Matching results to inputs happens here, not in SQL: joining the UPDATE's output
+    // back to its input inside the statement is quadratic (CTEs carry no statistics).
+    let extended: Vec<(i64, bool)> = sqlx::query_as(
         r#"
-        WITH input AS (
-            SELECT * FROM unnest($1::bigint[], $2::int4[], $3::float8[])
-                WITH ORDINALITY AS t(id, attempt, lease, ord)
-        ),
-        lockable AS (
-            SELECT j.id FROM jobq.jobs j JOIN input i ON j.id = i.id AND j.attempts = i.attempt
+        WITH lockable AS (
+            SELECT j.id FROM jobq.jobs j
+            JOIN unnest($1::bigint[], $2::int4[]) AS i(id, attempt)
+              ON j.id = i.id AND j.attempts = i.attempt
             WHERE j.state = 'running'
             FOR NO KEY UPDATE OF j SKIP LOCKED
-        ),
-        upd AS (
-            UPDATE jobq.jobs j
-            SET locked_until = now() + make_interval(secs => i.lease)
-            FROM lockable l, input i
-            WHERE j.id = l.id AND i.id = j.id AND j.attempts = i.attempt AND j.state = 'running'
-            RETURNING j.id, j.cancel_requested
         )
-        SELECT i.ord, u.id IS NOT NULL AS extended, coalesce(u.cancel_requested, false) AS cancel_requested,
-               coalesce(j.state = 'running' AND j.attempts = i.attempt, false) AS held
-        FROM input i
-        LEFT JOIN upd u ON u.id = i.id
-        LEFT JOIN jobq.jobs j ON j.id = i.id
-        ORDER BY i.ord
+        UPDATE jobq.jobs j
+        SET locked_until = now() + make_interval(secs => i.lease)
+        FROM unnest($1::bigint[], $2::int4[], $3::float8[]) AS i(id, attempt, lease)
+        WHERE j.id = i.id AND j.attempts = i.attempt AND j.state = 'running'
+          AND j.id IN (SELECT id FROM lockable)
+        RETURNING j.id, j.cancel_requested
         "#,
     )
     .bind(&ids)
@@ -75,21 +68,42 @@ pub(crate) async fn lease_extend_many(
     .bind(&secs)
     .fetch_all(&mut *conn)
     .await?;
-    rows.iter()
-        .map(|r| {
-            let extended: bool = r.try_get("extended")?;
-            let held: bool = r.try_get("held")?;
-            Ok(if extended {
-                LeaseStatus::Extended {
-                    cancel_requested: r.try_get("cancel_requested")?,
-                }
-            } else if held {
-                LeaseStatus::Busy
-            } else {
-                LeaseStatus::Lost
-            })
-        })
+    let extended: std::collections::HashMap<i64, bool> = extended.into_iter().collect();
+    let missed: Vec<&LeaseRenewal> = leases
+        .iter()
+        .filter(|l| !extended.contains_key(&l.id))
+        .collect();
+    // Not extended: locked by the handler's own transaction (still held), or lost.
+    let held: std::collections::HashSet<i64> = if missed.is_empty() {
+        std::collections::HashSet::new()
+    } else {
+        let ids: Vec<i64> = missed.iter().map(|l| l.id).collect();
+        let attempts: Vec<i32> = missed.iter().map(|l| l.attempt).collect();
+        sqlx::query_scalar::<_, i64>(
+            r#"
+            SELECT j.id FROM jobq.jobs j
+            JOIN unnest($1::bigint[], $2::int4[]) AS i(id, attempt)
+              ON j.id = i.id AND j.attempts = i.attempt
+            WHERE j.state = 'running'
+            "#,
+        )
+        .bind(&ids)
+        .bind(&attempts)
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
         .collect()
+    };
+    Ok(leases
+        .iter()
+        .map(|l| match extended.get(&l.id) {
+            Some(cancel_requested) => LeaseStatus::Extended {
+                cancel_requested: *cancel_requested,
+            },
+            None if held.contains(&l.id) => LeaseStatus::Busy,
+            None => LeaseStatus::Lost,
+        })
+        .collect())
 }
 
 /// What one reaper pass did.
