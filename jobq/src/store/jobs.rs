@@ -80,6 +80,33 @@ async fn job_find_by_key(
     Ok(id.map(JobId))
 }
 
+/// A batch of jobs as column arrays, for `unnest(…)`.
+struct Columns<'a> {
+    kinds: Vec<&'a str>,
+    queues: Vec<&'a str>,
+    payloads: Vec<&'a str>,
+    priorities: Vec<i16>,
+    max_attempts: Vec<i32>,
+    run_afters: Vec<Option<DateTime<Utc>>>,
+    delays: Vec<Option<f64>>,
+    keys: Vec<Option<&'a str>>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(jobs: &'a [NewJob]) -> Self {
+        Columns {
+            kinds: jobs.iter().map(|j| j.kind.as_str()).collect(),
+            queues: jobs.iter().map(|j| j.queue.as_str()).collect(),
+            payloads: jobs.iter().map(|j| j.payload.as_str()).collect(),
+            priorities: jobs.iter().map(|j| j.priority).collect(),
+            max_attempts: jobs.iter().map(|j| j.max_attempts).collect(),
+            run_afters: jobs.iter().map(|j| j.run_after).collect(),
+            delays: jobs.iter().map(|j| j.delay_secs).collect(),
+            keys: jobs.iter().map(|j| j.idempotency_key.as_deref()).collect(),
+        }
+    }
+}
+
 /// Inserts many jobs in one statement (UNNEST), in input order; duplicates by idempotency
 /// key (against existing rows or earlier in the batch) come back with the existing id.
 pub(crate) async fn job_insert_many(
@@ -93,24 +120,7 @@ pub(crate) async fn job_insert_many(
         return job_insert_many_unkeyed(conn, jobs).await;
     }
     let n = jobs.len();
-    let mut kinds = Vec::with_capacity(n);
-    let mut queues = Vec::with_capacity(n);
-    let mut payloads = Vec::with_capacity(n);
-    let mut priorities = Vec::with_capacity(n);
-    let mut max_attempts = Vec::with_capacity(n);
-    let mut run_afters = Vec::with_capacity(n);
-    let mut delays = Vec::with_capacity(n);
-    let mut keys = Vec::with_capacity(n);
-    for j in jobs {
-        kinds.push(j.kind.as_str());
-        queues.push(j.queue.as_str());
-        payloads.push(j.payload.as_str());
-        priorities.push(j.priority);
-        max_attempts.push(j.max_attempts);
-        run_afters.push(j.run_after);
-        delays.push(j.delay_secs);
-        keys.push(j.idempotency_key.as_deref());
-    }
+    let c = Columns::of(jobs);
     let rows = sqlx::query(
         r#"
         WITH input AS (
@@ -155,14 +165,14 @@ pub(crate) async fn job_insert_many(
         ORDER BY i.ord
         "#,
     )
-    .bind(&kinds)
-    .bind(&queues)
-    .bind(&payloads)
-    .bind(&priorities)
-    .bind(&max_attempts)
-    .bind(&run_afters)
-    .bind(&delays)
-    .bind(&keys)
+    .bind(&c.kinds)
+    .bind(&c.queues)
+    .bind(&c.payloads)
+    .bind(&c.priorities)
+    .bind(&c.max_attempts)
+    .bind(&c.run_afters)
+    .bind(&c.delays)
+    .bind(&c.keys)
     .bind(NOTIFY_CHANNEL)
     .fetch_all(&mut *conn)
     .await?;
@@ -199,22 +209,7 @@ async fn job_insert_many_unkeyed(
     jobs: &[NewJob],
 ) -> Result<Vec<Enqueued>, Error> {
     let n = jobs.len();
-    let mut kinds = Vec::with_capacity(n);
-    let mut queues = Vec::with_capacity(n);
-    let mut payloads = Vec::with_capacity(n);
-    let mut priorities = Vec::with_capacity(n);
-    let mut max_attempts = Vec::with_capacity(n);
-    let mut run_afters = Vec::with_capacity(n);
-    let mut delays = Vec::with_capacity(n);
-    for j in jobs {
-        kinds.push(j.kind.as_str());
-        queues.push(j.queue.as_str());
-        payloads.push(j.payload.as_str());
-        priorities.push(j.priority);
-        max_attempts.push(j.max_attempts);
-        run_afters.push(j.run_after);
-        delays.push(j.delay_secs);
-    }
+    let c = Columns::of(jobs);
     let ids: Vec<i64> = sqlx::query_scalar(
         r#"
         WITH input AS (
@@ -241,13 +236,13 @@ async fn job_insert_many_unkeyed(
         ORDER BY i.ord
         "#,
     )
-    .bind(&kinds)
-    .bind(&queues)
-    .bind(&payloads)
-    .bind(&priorities)
-    .bind(&max_attempts)
-    .bind(&run_afters)
-    .bind(&delays)
+    .bind(&c.kinds)
+    .bind(&c.queues)
+    .bind(&c.payloads)
+    .bind(&c.priorities)
+    .bind(&c.max_attempts)
+    .bind(&c.run_afters)
+    .bind(&c.delays)
     .bind(NOTIFY_CHANNEL)
     .fetch_all(&mut *conn)
     .await?;
