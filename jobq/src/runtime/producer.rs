@@ -109,14 +109,14 @@ const GATHER_WAIT: Duration = Duration::from_millis(5);
 /// batch drop their permits one by one), and claiming whenever one frees makes many
 /// tiny claims: each is a statement and a commit, and each scans the claim index past
 /// the entries of the jobs claimed before it. So a busy producer waits up to
-/// [`GATHER_WAIT`] for a quarter of its slots before it claims. An idle queue (the last
+/// [`GATHER_WAIT`] for half of its slots before it claims. An idle queue (the last
 /// claim came back short) is not delayed: a wake-up claims at once.
 async fn gather(
     slots: &Arc<Semaphore>,
     permits: &mut Vec<OwnedSemaphorePermit>,
     concurrency: usize,
 ) {
-    let target = (concurrency / 4).max(1);
+    let target = (concurrency / 2).max(1);
     if permits.len() >= target {
         return;
     }
