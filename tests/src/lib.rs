@@ -116,3 +116,27 @@ pub async fn reaches_state(
     })
     .await
 }
+
+/// The enqueue side of `chaos_worker`'s `chaos` kind (same kind, same args): tests enqueue
+/// with it; only the worker process runs the jobs.
+#[derive(Debug)]
+pub struct Chaos;
+
+/// The args of a `chaos` job.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ChaosArgs {
+    /// The job's number, which names its effect (`effect-{n}`).
+    pub n: i64,
+}
+
+impl jobq::Job for Chaos {
+    const KIND: &'static str = "chaos";
+    type Args = ChaosArgs;
+    type Error = jobq::JobError;
+    async fn run(_ctx: jobq::JobContext, _args: ChaosArgs) -> Result<(), jobq::JobError> {
+        Err(jobq::JobError::permanent(
+            "wrong_process",
+            "chaos jobs run in chaos_worker",
+        ))
+    }
+}

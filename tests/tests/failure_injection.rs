@@ -10,31 +10,10 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use jobq::{Job, JobContext, JobError};
+use jobq::Job;
 use jobq_testing::TestDatabase;
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use tests::{eventually, install_invariant_checks, invariant_violations};
-
-/// The enqueue side of the worker's `chaos` kind (same kind, same args).
-struct Chaos;
-
-#[derive(Serialize, Deserialize)]
-struct ChaosArgs {
-    n: i64,
-}
-
-impl Job for Chaos {
-    const KIND: &'static str = "chaos";
-    type Args = ChaosArgs;
-    type Error = JobError;
-    async fn run(_ctx: JobContext, _args: ChaosArgs) -> Result<(), JobError> {
-        Err(JobError::permanent(
-            "wrong_process",
-            "chaos jobs run in chaos_worker",
-        ))
-    }
-}
+use tests::{Chaos, ChaosArgs, eventually, install_invariant_checks, invariant_violations};
 
 fn soak(name: &str, default: i64) -> i64 {
     std::env::var(name)

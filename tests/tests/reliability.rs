@@ -13,7 +13,9 @@ use jobq_testing::TestDatabase;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
-use tests::{N, eventually, init_tracing, install_invariant_checks, invariant_violations};
+use tests::{
+    Chaos, ChaosArgs, N, eventually, init_tracing, install_invariant_checks, invariant_violations,
+};
 use tokio::time::Instant;
 
 /// What the attempts of `TimesOut` observed, in order.
@@ -108,24 +110,6 @@ fn libfaketime() -> Option<String> {
     .into_iter()
     .find(|p| std::path::Path::new(p).exists())
     .map(str::to_owned)
-}
-
-/// Enqueue side of the chaos worker's kind.
-struct Chaos;
-#[derive(Serialize, Deserialize)]
-struct ChaosArgs {
-    n: i64,
-}
-impl Job for Chaos {
-    const KIND: &'static str = "chaos";
-    type Args = ChaosArgs;
-    type Error = JobError;
-    async fn run(_ctx: JobContext, _args: ChaosArgs) -> Result<(), JobError> {
-        Err(JobError::permanent(
-            "wrong_process",
-            "chaos jobs run in chaos_worker",
-        ))
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
