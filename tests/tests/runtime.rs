@@ -801,7 +801,6 @@ async fn two_types_for_one_kind_refuse_to_build() -> anyhow::Result<()> {
         .register::<SameKindA>()
         .register::<SameKindA>()
         .build()?;
-    let _ = Arc::new(());
     Ok(())
 }
 
