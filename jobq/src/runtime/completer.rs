@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 use tracing::{debug, error, warn};
 
 use crate::error::{Disposition, Error};
@@ -143,22 +144,56 @@ impl Completer {
     }
 }
 
+/// The most flushes in flight at once.
+const MAX_FLUSHES: usize = 4;
+
+/// A flush starts while others are in flight only once this many outcomes wait; fewer
+/// wait for a flush to finish and go in the next one, so batches stay large.
+const OVERLAP_MIN: usize = 32;
+
+/// Collects outcomes and flushes them. With one flush at a time, an outcome that arrived
+/// during a flush waited for that flush and then its own: one and a half commits on
+/// average, during which its attempt held its slot. Flushes overlap once enough outcomes
+/// wait (PostgreSQL commits them together), and whatever queues while they run goes in
+/// the next one. Returns when every sender is gone and every flush has finished.
 async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
     let mut batch: Vec<Request> = Vec::with_capacity(64);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        // Whatever queued up while the previous flush ran goes in this one.
+    let mut flushes = JoinSet::new();
+    let mut open = true;
+    loop {
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(r) => batch.push(r),
                 Err(_) => break,
             }
         }
-        flush(&pool, &mut batch).await;
+        let room = flushes.len() < MAX_FLUSHES;
+        if !batch.is_empty()
+            && (flushes.is_empty() || (room && (batch.len() >= OVERLAP_MIN || !open)))
+        {
+            let pool = pool.clone();
+            let batch = std::mem::take(&mut batch);
+            flushes.spawn(async move { flush(&pool, batch).await });
+            continue;
+        }
+        if !open && batch.is_empty() && flushes.is_empty() {
+            return;
+        }
+        tokio::select! {
+            r = rx.recv(), if open && batch.len() < MAX_BATCH => match r {
+                Some(r) => batch.push(r),
+                None => open = false,
+            },
+            Some(done) = flushes.join_next(), if !flushes.is_empty() => {
+                if let Err(e) = done {
+                    error!(error = %e, "a completion flush panicked; its jobs stay running until their leases expire and the reaper returns them");
+                }
+            }
+        }
     }
 }
 
-async fn flush(pool: &PgPool, batch: &mut Vec<Request>) {
+async fn flush(pool: &PgPool, mut batch: Vec<Request>) {
     let (completes, others): (Vec<Request>, Vec<Request>) = batch
         .drain(..)
         .partition(|r| matches!(r.write, Write::Complete { .. }));
