@@ -2,6 +2,8 @@
 //! completed in one `UPDATE … FROM unnest(…)`. An outcome is acknowledged to its attempt
 //! only after the statement that wrote it has committed.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -119,6 +121,9 @@ struct Request {
 #[derive(Debug, Clone)]
 pub(crate) struct Completer {
     tx: mpsc::UnboundedSender<Request>,
+    /// Outcomes queued or being written.
+    backlog: Arc<AtomicUsize>,
+    max_backlog: usize,
 }
 
 impl std::fmt::Debug for Request {
@@ -130,17 +135,47 @@ impl std::fmt::Debug for Request {
 impl Completer {
     /// Starts the completer task; it ends once every `Completer` clone is dropped and the
     /// queue is written out.
-    pub(crate) fn spawn(pool: PgPool) -> (Completer, tokio::task::JoinHandle<()>) {
+    ///
+    /// `max_backlog` is how many outcomes may wait for their commit after their attempts
+    /// gave their slots back (see [`Self::has_room`]).
+    pub(crate) fn spawn(
+        pool: PgPool,
+        max_backlog: usize,
+    ) -> (Completer, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(run(pool, rx));
-        (Completer { tx }, task)
+        let completer = Completer {
+            tx,
+            backlog: Arc::new(AtomicUsize::new(0)),
+            max_backlog,
+        };
+        (completer, task)
+    }
+
+    /// Whether the backlog is short enough for one more attempt to give its slot back
+    /// before its outcome is committed. Past it (the database commits slower than the
+    /// handlers finish), attempts keep their slots until written, so claiming slows to
+    /// the pace of committing instead of piling up `running` jobs whose leases age.
+    pub(crate) fn has_room(&self) -> bool {
+        self.backlog.load(Ordering::Relaxed) < self.max_backlog
     }
 
     /// Queues `write` and waits until it is committed (or given up on).
     pub(crate) async fn write(&self, write: Write) -> Option<Written> {
         let (ack, done) = oneshot::channel();
+        self.backlog.fetch_add(1, Ordering::Relaxed);
+        let _queued = Backlogged(&self.backlog);
         self.tx.send(Request { write, ack }).ok()?;
         done.await.ok()
+    }
+}
+
+/// Takes one outcome off the backlog when its write ends, however it ends.
+struct Backlogged<'a>(&'a AtomicUsize);
+
+impl Drop for Backlogged<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -152,11 +152,19 @@ pub(crate) struct AttemptEnv {
 /// Runs one claimed job inside the runtime: registers it for heartbeats, runs it under a
 /// `jobq.job` span with its lease watchdog and the shutdown interrupt, and writes its
 /// outcome through the completer. Returns once the outcome is committed.
+///
+/// `slot` is the attempt's share of its queue's concurrency. It is given back when the
+/// handler returns, not when the outcome commits, so the next job starts while this one's
+/// completion waits for its batch (concurrency counts handlers running, as in River and
+/// Sidekiq). The completer's backlog bounds how far that can run ahead of committing:
+/// past it, the slot is held until the outcome is written.
 pub(crate) async fn run_claimed(
     env: AttemptEnv,
     mut job: crate::store::ClaimedJob,
     claim_sent: tokio::time::Instant,
+    slot: tokio::sync::OwnedSemaphorePermit,
 ) {
+    let mut slot = Some(slot);
     use tracing::Instrument;
 
     let span = attempt_span(&job);
@@ -171,6 +179,7 @@ pub(crate) async fn run_claimed(
                 message: format!("no handler for kind `{}` in this worker", job.kind),
                 delay: Duration::ZERO,
             };
+            drop(slot.take());
             env.completer.write(write).await;
             return;
         };
@@ -209,6 +218,9 @@ pub(crate) async fn run_claimed(
                 super::completer::Write::Fail { code, .. } => Some(code.clone()),
                 _ => None,
             };
+            if env.completer.has_room() {
+                drop(slot.take());
+            }
             let written = env.completer.write(write).await;
             if let Some(super::completer::Written::Applied(Some(state))) = &written {
                 let secs = claim_sent.elapsed().as_secs_f64();
@@ -219,6 +231,7 @@ pub(crate) async fn run_claimed(
             }
         }
         env.running.remove(job.id);
+        drop(slot);
     }
     .instrument(span)
     .await;

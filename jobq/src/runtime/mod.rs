@@ -322,7 +322,10 @@ impl Runtime {
         let stop_claiming = CancellationToken::new();
         let stop_services = CancellationToken::new();
         let running = RunningSet::default();
-        let (completer, completer_task) = Completer::spawn(config.pool.clone());
+        // Outcomes waiting to commit while their slots are already reused: at most one more
+        // round of every queue's slots.
+        let max_backlog = config.queues.values().sum::<usize>().max(1);
+        let (completer, completer_task) = Completer::spawn(config.pool.clone(), max_backlog);
         let wakers = Arc::new(Wakers::new(config.queues.keys().map(String::as_str)));
         let attempts = TaskTracker::new();
         let mut services = Vec::new();

@@ -80,10 +80,7 @@ impl Producer {
                     running: self.running.clone(),
                     completer: self.completer.clone(),
                 };
-                self.attempts.spawn(async move {
-                    run_claimed(env, job, sent).await;
-                    drop(permit);
-                });
+                self.attempts.spawn(run_claimed(env, job, sent, permit));
             }
             drop(permits);
             if got == 0 {
