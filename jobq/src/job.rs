@@ -16,6 +16,7 @@ use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::context::JobContext;
 use crate::error::{Classify, Error};
+use crate::notify::PoolEnqueue;
 use crate::retry::RetryPolicy;
 use crate::store;
 
@@ -145,12 +146,21 @@ pub trait Job: Send + Sync + 'static {
         let conn = conn.into();
         async move {
             let jobs = prepared?;
-            let mut conn = conn.acquire().await?;
-            let done = store::job_insert_many(&mut conn, &jobs).await?;
-            for (job, e) in jobs.iter().zip(&done) {
-                if !e.duplicate {
-                    crate::metrics::enqueued(&job.kind, &job.queue, 1);
-                }
+            let on_pool = conn.pool().map(PoolEnqueue::begin);
+            let in_statement = on_pool.as_ref().is_none_or(PoolEnqueue::in_statement);
+            let mut held = conn.acquire().await?;
+            let done = store::job_insert_many(&mut held, &jobs, in_statement).await?;
+            drop(held);
+            let inserted = || jobs.iter().zip(&done).filter(|(_, e)| !e.duplicate);
+            for (job, _) in inserted() {
+                crate::metrics::enqueued(&job.kind, &job.queue, 1);
+            }
+            if let Some(on_pool) = on_pool {
+                on_pool.committed(
+                    inserted()
+                        .filter(|(j, _)| j.due_now())
+                        .map(|(j, _)| j.queue.as_str()),
+                );
             }
             Ok(done)
         }
@@ -189,6 +199,7 @@ pub struct EnqueueBuilder<J: Job> {
     queue: Option<String>,
     max_attempts: Option<u32>,
     idempotency_key: Option<String>,
+    wake: bool,
     _job: PhantomData<fn() -> J>,
 }
 
@@ -202,6 +213,7 @@ impl<J: Job> fmt::Debug for EnqueueBuilder<J> {
             .field("priority", &self.priority)
             .field("queue", &self.queue)
             .field("max_attempts", &self.max_attempts)
+            .field("wake", &self.wake)
             .finish_non_exhaustive()
     }
 }
@@ -217,6 +229,7 @@ impl<J: Job> EnqueueBuilder<J> {
             queue: None,
             max_attempts: None,
             idempotency_key: None,
+            wake: true,
             _job: PhantomData,
         }
     }
@@ -259,6 +272,17 @@ impl<J: Job> EnqueueBuilder<J> {
         self
     }
 
+    /// Whether to wake the workers of the job's queue once it commits (default `true`).
+    /// Without a wake-up the job is found by the next poll (`poll_interval`, one second
+    /// by default) or at once by a producer that is busy claiming anyway. Worth turning
+    /// off for bulk loads a busy runtime drains regardless, and for enqueues inside
+    /// transactions at high rates from many connections: PostgreSQL commits notifying
+    /// transactions one at a time (see README, "Wake-ups").
+    pub fn wake(mut self, wake: bool) -> Self {
+        self.wake = wake;
+        self
+    }
+
     /// Inserts the job through `conn`.
     ///
     /// # Errors
@@ -268,14 +292,25 @@ impl<J: Job> EnqueueBuilder<J> {
         self,
         conn: impl Into<Conn<'c>>,
     ) -> impl Future<Output = Result<Enqueued, Error>> + Send {
+        let wake = self.wake;
         let prepared = self.into_new_job();
         let conn = conn.into();
         async move {
             let job = prepared?;
-            let mut conn = conn.acquire().await?;
-            let e = store::job_insert(&mut conn, &job).await?;
+            let on_pool = conn.pool().map(PoolEnqueue::begin);
+            let in_statement = wake && on_pool.as_ref().is_none_or(PoolEnqueue::in_statement);
+            let mut held = conn.acquire().await?;
+            let e = store::job_insert(&mut held, &job, in_statement).await?;
+            drop(held);
             if !e.duplicate {
                 crate::metrics::enqueued(&job.kind, &job.queue, 1);
+            }
+            if let Some(on_pool) = on_pool
+                && wake
+                && !e.duplicate
+                && job.due_now()
+            {
+                on_pool.committed([job.queue.as_str()]);
             }
             Ok(e)
         }
@@ -368,6 +403,14 @@ impl<'c> From<&'c mut PoolConnection<Postgres>> for Conn<'c> {
 }
 
 impl<'c> Conn<'c> {
+    /// The pool, when the statement runs on one (its own transaction).
+    pub(crate) fn pool(&self) -> Option<&'c PgPool> {
+        match self {
+            Conn::Pool(pool) => Some(*pool),
+            Conn::Connection(_) => None,
+        }
+    }
+
     /// The connection to run on: the one given, or one acquired from the pool.
     pub(crate) async fn acquire(self) -> Result<HeldConn<'c>, sqlx::Error> {
         match self {

@@ -726,6 +726,91 @@ async fn notifications_wake_workers_and_the_listener_reconnects() -> anyhow::Res
         .enqueue(pool)
         .await?;
     assert!(wait_done(c.id).await);
+
+    // In a transaction the wake-up goes out with the commit, not before.
+    let mut tx = pool.begin().await?;
+    let d = Sleeper::with(N { n: 0 })
+        .queue(queue.clone())
+        .enqueue(&mut tx)
+        .await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tx.commit().await?;
+    assert!(wait_done(d.id).await, "woken by the transaction's commit");
+
+    // Without a wake-up the job waits for a poll (an hour here)...
+    let quiet = Sleeper::with(N { n: 0 })
+        .queue(queue.clone())
+        .wake(false)
+        .enqueue(pool)
+        .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let state: String = sqlx::query_scalar("SELECT state FROM jobq.jobs WHERE id = $1")
+        .bind(quiet.id.0)
+        .fetch_one(pool)
+        .await?;
+    assert_eq!(state, "pending", "wake(false) sent no wake-up");
+    // ...or for the next wake-up of its queue, which claims everything due.
+    let e = Sleeper::with(N { n: 0 })
+        .queue(queue.clone())
+        .enqueue(pool)
+        .await?;
+    assert!(wait_done(e.id).await);
+    assert!(wait_done(quiet.id).await);
+    handle.shutdown().await;
+    db.close().await;
+    Ok(())
+}
+
+/// Enqueues on a pool send their wake-ups after committing, coalesced while one is in
+/// flight: a burst from many tasks must still leave no job waiting for a poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_wake_ups_from_a_burst_of_pool_enqueues_lose_none() -> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let handle = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Sleeper>()
+        .queue("default", 4)
+        .poll_interval(Duration::from_secs(3600))
+        .build()?
+        .start()
+        .await?;
+    // The first claim finds nothing; from then on only wake-ups start jobs.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for round in 0..5 {
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let pool = pool.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..5 {
+                    Sleeper::enqueue(&pool, N { n: 0 }).await?;
+                }
+                anyhow::Ok(())
+            }));
+        }
+        Sleeper::enqueue_many(pool, (0..10).map(|_| N { n: 0 })).await?;
+        for t in tasks {
+            t.await??;
+        }
+        let p = pool.clone();
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                let p = p.clone();
+                async move {
+                    sqlx::query_scalar::<_, i64>(
+                        "SELECT count(*) FROM jobq.jobs WHERE state <> 'done'",
+                    )
+                    .fetch_one(&p)
+                    .await
+                    .unwrap()
+                        == 0
+                }
+            })
+            .await,
+            "round {round}: a job was left waiting for a poll"
+        );
+    }
     handle.shutdown().await;
     db.close().await;
     Ok(())

@@ -199,10 +199,7 @@ async fn ceiling(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
     let (mut one, mut batch, mut claim1, mut claim100) = Default::default();
     for _ in 0..s.reps {
         db.reset().await?;
-        Samples::push(
-            &mut one,
-            raw::insert_one_by_one(db, 1, s.singles, false).await?,
-        );
+        Samples::push(&mut one, raw::insert_one_by_one(db, 1, s.singles).await?);
         db.reset().await?;
         Samples::push(&mut batch, raw::insert_batches(db, s.jobs, 1000).await?);
         db.reset().await?;
@@ -255,7 +252,7 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
         let round = (s.singles / 10).max(1);
         let (mut t_raw, mut t_jobq, mut t_noping) = (0.0, 0.0, 0.0);
         for r in 0..10 {
-            t_raw += round as f64 / raw::insert_one_by_one(db, 1, round, false).await?;
+            t_raw += round as f64 / raw::insert_one_by_one(db, 1, round).await?;
             let start = Instant::now();
             for i in 0..round {
                 Noop::enqueue(&pool, (r * round + i) as u64).await?;
@@ -586,41 +583,84 @@ async fn notify_cost(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Resu
     let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool).await?;
     listener.listen("jobq_insert").await?;
     let drain = tokio::spawn(async move { while let Ok(Some(_)) = listener.try_recv().await {} });
-    for clients in [1usize, 4] {
-        let (mut on, mut off) = (Samples::default(), Samples::default());
-        for _ in 0..s.reps {
-            db.reset().await?;
-            // Commit latency drifts by 2x within a minute on a shared machine, more than
-            // the 5 % asked of; alternating short rounds of each puts both under the
-            // same conditions.
-            let (mut t_off, mut t_on, mut n_off, mut n_on) = (0.0, 0.0, 0.0, 0.0);
-            let round = (s.singles / 10).max(clients);
-            for _ in 0..10 {
-                let r = raw::insert_one_by_one(db, clients, round, false).await?;
-                t_off += round as f64 / r;
-                n_off += round as f64;
-                let r = raw::insert_one_by_one(db, clients, round, true).await?;
-                t_on += round as f64 / r;
-                n_on += round as f64;
+    for in_tx in [false, true] {
+        for clients in [1usize, 4] {
+            let (mut on, mut off) = (Samples::default(), Samples::default());
+            for _ in 0..s.reps {
+                db.reset().await?;
+                // Commit latency drifts by 2x within a minute on a shared machine, more
+                // than the 5 % asked of; alternating short rounds of each puts both under
+                // the same conditions.
+                let (mut t_off, mut t_on, mut n) = (0.0, 0.0, 0.0);
+                let round = (s.singles / 5).max(clients);
+                for _ in 0..20 {
+                    t_off +=
+                        round as f64 / enqueue_clients(db, clients, round, false, in_tx).await?;
+                    t_on += round as f64 / enqueue_clients(db, clients, round, true, in_tx).await?;
+                    n += round as f64;
+                }
+                off.push(n / t_off);
+                on.push(n / t_on);
             }
-            off.push(n_off / t_off);
-            on.push(n_on / t_on);
+            let how = if in_tx {
+                "in a transaction each"
+            } else {
+                "on a pool"
+            };
+            let key = format!("notify_off_{clients}_{in_tx}");
+            r.ceiling(
+                &key,
+                &format!("notify: single enqueues {how}, wake-ups off ({clients} client(s))"),
+                off,
+            );
+            r.jobq(
+                &format!("notify: single enqueues {how}, wake-ups on ({clients} client(s))"),
+                on,
+                Some(&key),
+                vec![Target::ratio_at_least(0.95)],
+            );
         }
-        let key = format!("notify_off_{clients}");
-        r.ceiling(
-            &key,
-            &format!("notify: single-row enqueue commits, wake-ups off ({clients} client(s))"),
-            off,
-        );
-        r.jobq(
-            &format!("notify: single-row enqueue commits, wake-ups on ({clients} client(s))"),
-            on,
-            Some(&key),
-            vec![Target::ratio_at_least(0.95)],
-        );
     }
     drain.abort();
     Ok(())
+}
+
+/// `clients` tasks enqueue `n` jobs in all, one per call, on a pool or each in its own
+/// transaction, with or without wake-ups; returns jobs per second.
+async fn enqueue_clients(
+    db: &BenchDb,
+    clients: usize,
+    n: usize,
+    wake: bool,
+    in_tx: bool,
+) -> anyhow::Result<f64> {
+    // One connection more than clients: wake-ups from a pool are sent on their own.
+    let pool = db.new_pool(u32::try_from(clients)? + 1).await?;
+    let per = n / clients;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per {
+                let job = Noop::with((c * per + i) as u64).wake(wake);
+                if in_tx {
+                    let mut tx = pool.begin().await?;
+                    job.enqueue(&mut tx).await?;
+                    tx.commit().await?;
+                } else {
+                    job.enqueue(&pool).await?;
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let rate = (per * clients) as f64 / start.elapsed().as_secs_f64();
+    pool.close().await;
+    Ok(rate)
 }
 
 async fn scale_out(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<()> {

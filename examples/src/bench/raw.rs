@@ -7,13 +7,12 @@ use sqlx::{Connection, PgConnection};
 
 use crate::util::{BenchDb, KIND};
 
-/// One single-row INSERT per transaction (autocommit), sequentially from one client.
-/// With `notify`, the statement also wakes the queue the way jobq's enqueue does.
+/// One single-row INSERT per transaction (autocommit), sequentially from each of
+/// `clients` clients.
 pub(crate) async fn insert_one_by_one(
     db: &BenchDb,
     clients: usize,
     n: usize,
-    notify: bool,
 ) -> anyhow::Result<f64> {
     let per = n / clients;
     let mut conns = Vec::new();
@@ -25,7 +24,7 @@ pub(crate) async fn insert_one_by_one(
     for mut conn in conns {
         tasks.push(tokio::spawn(async move {
             for i in 0..per {
-                insert_one(&mut conn, i, notify).await?;
+                insert_one(&mut conn, i).await?;
             }
             conn.close().await?;
             anyhow::Ok(())
@@ -37,24 +36,13 @@ pub(crate) async fn insert_one_by_one(
     Ok((per * clients) as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn insert_one(conn: &mut PgConnection, i: usize, notify: bool) -> anyhow::Result<()> {
-    let payload = i.to_string();
-    if notify {
-        sqlx::query(
-            "WITH ins AS (
-                 INSERT INTO jobq.jobs (kind, queue, payload) VALUES ($1, $2, $3::text::jsonb)
-                 RETURNING queue
-             )
-             SELECT pg_notify('jobq_insert', queue) FROM ins",
-        )
-    } else {
-        sqlx::query("INSERT INTO jobq.jobs (kind, queue, payload) VALUES ($1, $2, $3::text::jsonb)")
-    }
-    .bind(KIND)
-    .bind("default")
-    .bind(payload)
-    .execute(&mut *conn)
-    .await?;
+async fn insert_one(conn: &mut PgConnection, i: usize) -> anyhow::Result<()> {
+    sqlx::query("INSERT INTO jobq.jobs (kind, queue, payload) VALUES ($1, $2, $3::text::jsonb)")
+        .bind(KIND)
+        .bind("default")
+        .bind(i.to_string())
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 

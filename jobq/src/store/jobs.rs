@@ -7,9 +7,14 @@ use super::{ERROR_HISTORY_LEN, NOTIFY_CHANNEL, NewJob, truncate_message};
 use crate::error::{Disposition, Error};
 use crate::job::{Enqueued, JobId};
 
-/// Inserts one job, absorbing a duplicate idempotency key, and wakes the queue's
-/// producers on commit (PostgreSQL folds identical notifications of one transaction).
-pub(crate) async fn job_insert(conn: &mut PgConnection, job: &NewJob) -> Result<Enqueued, Error> {
+/// Inserts one job, absorbing a duplicate idempotency key. With `notify`, the statement
+/// also wakes the queue's producers when its transaction commits (PostgreSQL folds
+/// identical notifications of one transaction); without, the caller wakes them, or not.
+pub(crate) async fn job_insert(
+    conn: &mut PgConnection,
+    job: &NewJob,
+    notify: bool,
+) -> Result<Enqueued, Error> {
     let row = sqlx::query(
         r#"
         WITH ins AS (
@@ -21,7 +26,8 @@ pub(crate) async fn job_insert(conn: &mut PgConnection, job: &NewJob) -> Result<
             RETURNING id, run_after
         ),
         wake AS (
-            SELECT pg_notify($9, $2) FROM ins WHERE ins.run_after <= now()
+            SELECT pg_notify($9, $2) FROM ins
+            WHERE $9::text IS NOT NULL AND ins.run_after <= now()
         )
         SELECT ins.id, false AS duplicate, (SELECT count(*) FROM wake) AS woke FROM ins
         UNION ALL
@@ -38,7 +44,7 @@ pub(crate) async fn job_insert(conn: &mut PgConnection, job: &NewJob) -> Result<
     .bind(job.run_after)
     .bind(job.delay_secs)
     .bind(&job.idempotency_key)
-    .bind(NOTIFY_CHANNEL)
+    .bind(notify.then_some(NOTIFY_CHANNEL))
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(row) = row {
@@ -109,15 +115,17 @@ impl<'a> Columns<'a> {
 
 /// Inserts many jobs in one statement (UNNEST), in input order; duplicates by idempotency
 /// key (against existing rows or earlier in the batch) come back with the existing id.
+/// `notify` as for [`job_insert`].
 pub(crate) async fn job_insert_many(
     conn: &mut PgConnection,
     jobs: &[NewJob],
+    notify: bool,
 ) -> Result<Vec<Enqueued>, Error> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
     if jobs.iter().all(|j| j.idempotency_key.is_none()) {
-        return job_insert_many_unkeyed(conn, jobs).await;
+        return job_insert_many_unkeyed(conn, jobs, notify).await;
     }
     let n = jobs.len();
     let c = Columns::of(jobs);
@@ -145,6 +153,7 @@ pub(crate) async fn job_insert_many(
         wake AS (
             SELECT pg_notify($9, q.queue)
             FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q
+            WHERE $9::text IS NOT NULL
         )
         SELECT i.ord,
                coalesce(n.id, dup.id) AS id,
@@ -173,7 +182,7 @@ pub(crate) async fn job_insert_many(
     .bind(&c.run_afters)
     .bind(&c.delays)
     .bind(&c.keys)
-    .bind(NOTIFY_CHANNEL)
+    .bind(notify.then_some(NOTIFY_CHANNEL))
     .fetch_all(&mut *conn)
     .await?;
     let mut out = Vec::with_capacity(n);
@@ -207,6 +216,7 @@ pub(crate) async fn job_insert_many(
 async fn job_insert_many_unkeyed(
     conn: &mut PgConnection,
     jobs: &[NewJob],
+    notify: bool,
 ) -> Result<Vec<Enqueued>, Error> {
     let n = jobs.len();
     let c = Columns::of(jobs);
@@ -230,6 +240,7 @@ async fn job_insert_many_unkeyed(
         wake AS (
             SELECT pg_notify($8, q.queue)
             FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q
+            WHERE $8::text IS NOT NULL
         )
         SELECT i.new_id FROM input i
         WHERE (SELECT count(*) FROM wake) >= 0
@@ -243,7 +254,7 @@ async fn job_insert_many_unkeyed(
     .bind(&c.max_attempts)
     .bind(&c.run_afters)
     .bind(&c.delays)
-    .bind(NOTIFY_CHANNEL)
+    .bind(notify.then_some(NOTIFY_CHANNEL))
     .fetch_all(&mut *conn)
     .await?;
     if ids.len() != n {

@@ -54,6 +54,15 @@ pub(crate) struct NewJob {
 }
 
 impl NewJob {
+    /// Whether the job is due at once (no future `run_after` or delay), so that waking
+    /// its queue's producers is worth it. Scheduled jobs are found by polling.
+    pub(crate) fn due_now(&self) -> bool {
+        match self.run_after {
+            Some(at) => at <= Utc::now(),
+            None => self.delay_secs.is_none_or(|d| d <= 0.0),
+        }
+    }
+
     /// Rejects what the database would reject, with a stable code instead of a
     /// constraint name.
     pub(crate) fn validate(&self) -> Result<(), Error> {
