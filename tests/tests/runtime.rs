@@ -1017,3 +1017,51 @@ async fn one_span_per_attempt_with_its_fields_and_never_the_payload() -> anyhow:
     db.close().await;
     Ok(())
 }
+
+/// A busy producer and completer keep their connections checked out between statements;
+/// once the queue is idle they must give them back to the application's pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_runtime_gives_its_connections_back_to_the_pool() -> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.new_pool(6).await?;
+    let handle = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Sleeper>()
+        .queue("default", 8)
+        .build()?
+        .start()
+        .await?;
+    let checked_out = |p: &PgPool| p.size() as usize - p.num_idle();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let at_rest = checked_out(&pool);
+    Sleeper::enqueue_many(&pool, (0..300).map(|_| N { n: 0 })).await?;
+    let p = pool.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let p = p.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobq.jobs WHERE state <> 'done'")
+                    .fetch_one(&p)
+                    .await
+                    .unwrap()
+                    == 0
+            }
+        })
+        .await
+    );
+    let p = pool.clone();
+    assert!(
+        eventually(Duration::from_secs(2), || {
+            let p = p.clone();
+            async move { checked_out(&p) <= at_rest }
+        })
+        .await,
+        "{} connections still checked out once idle, {at_rest} at rest",
+        checked_out(&pool)
+    );
+    handle.shutdown().await;
+    pool.close().await;
+    db.close().await;
+    Ok(())
+}

@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, error, warn};
 
+use super::spares::{LINGER, Spares};
 use crate::error::{Disposition, Error};
 use crate::store::{self, FailParams, FenceResult};
 
@@ -192,6 +193,7 @@ const OVERLAP_MIN: usize = 32;
 /// wait (PostgreSQL commits them together), and whatever queues while they run goes in
 /// the next one. Returns when every sender is gone and every flush has finished.
 async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
+    let conns = Spares::new(pool);
     let mut batch: Vec<Request> = Vec::with_capacity(64);
     let mut flushes = JoinSet::new();
     let mut open = true;
@@ -206,13 +208,28 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
         if !batch.is_empty()
             && (flushes.is_empty() || (room && (batch.len() >= OVERLAP_MIN || !open)))
         {
-            let pool = pool.clone();
+            let conns = conns.clone();
             let batch = std::mem::take(&mut batch);
-            flushes.spawn(async move { flush(&pool, batch).await });
+            flushes.spawn(async move { flush(&conns, batch).await });
             continue;
         }
         if !open && batch.is_empty() && flushes.is_empty() {
             return;
+        }
+        if open && batch.is_empty() && flushes.is_empty() {
+            // Idle: keep the connections only for a short while.
+            match tokio::time::timeout(LINGER, rx.recv()).await {
+                Ok(Some(r)) => batch.push(r),
+                Ok(None) => open = false,
+                Err(_) => {
+                    conns.release();
+                    match rx.recv().await {
+                        Some(r) => batch.push(r),
+                        None => open = false,
+                    }
+                }
+            }
+            continue;
         }
         tokio::select! {
             r = rx.recv(), if open && batch.len() < MAX_BATCH => match r {
@@ -228,15 +245,17 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
     }
 }
 
-async fn flush(pool: &PgPool, mut batch: Vec<Request>) {
+async fn flush(conns: &Spares, mut batch: Vec<Request>) {
     let (completes, others): (Vec<Request>, Vec<Request>) = batch
         .drain(..)
         .partition(|r| matches!(r.write, Write::Complete { .. }));
     if !completes.is_empty() {
         let fences: Vec<(i64, i32)> = completes.iter().map(|r| r.write.fence()).collect();
         let results = with_retry("complete", || async {
-            let mut conn = pool.acquire().await?;
-            store::job_complete_many(&mut conn, &fences, None).await
+            let mut conn = conns.take().await?;
+            let results = store::job_complete_many(&mut conn, &fences, None).await?;
+            conns.keep(conn);
+            Ok(results)
         })
         .await;
         match results {
@@ -256,8 +275,10 @@ async fn flush(pool: &PgPool, mut batch: Vec<Request>) {
     }
     for req in others {
         let result = with_retry("fail", || async {
-            let mut conn = pool.acquire().await?;
-            write_one(&mut conn, &req.write, None).await
+            let mut conn = conns.take().await?;
+            let written = write_one(&mut conn, &req.write, None).await?;
+            conns.keep(conn);
+            Ok(written)
         })
         .await;
         if let Some(written) = result {

@@ -7,6 +7,7 @@ mod completer;
 mod executor;
 mod lease;
 mod producer;
+mod spares;
 
 pub use executor::{AttemptOutcome, run_attempt};
 

@@ -18,6 +18,7 @@ use super::executor::{
     AttemptEnv, attempt_context, attempt_span, execute, outcome_write, run_claimed,
 };
 use super::lease::RunningSet;
+use super::spares::{LINGER, Spares};
 use super::{Config, DrainReport, DrainedAttempt};
 use crate::error::Error;
 use crate::store::{self, ClaimParams, ClaimedJob};
@@ -35,16 +36,34 @@ pub(crate) struct Producer {
 impl Producer {
     pub(crate) async fn run(self, stop: CancellationToken) {
         let slots = Arc::new(Semaphore::new(self.concurrency));
+        let conn = Spares::new(self.config.pool.clone());
         let mut backoff = Duration::from_millis(100);
         // Whether the last claim came back full: the queue has more due jobs than slots.
         let mut busy = false;
         loop {
-            let first = tokio::select! {
-                _ = stop.cancelled() => return,
-                p = slots.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return,
-                },
+            let first = match slots.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    // Every slot is taken: keep the connection only for a short wait.
+                    let waited = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        p = tokio::time::timeout(LINGER, slots.clone().acquire_owned()) => p,
+                    };
+                    let p = match waited {
+                        Ok(p) => p,
+                        Err(_) => {
+                            conn.release();
+                            tokio::select! {
+                                _ = stop.cancelled() => return,
+                                p = slots.clone().acquire_owned() => p,
+                            }
+                        }
+                    };
+                    match p {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    }
+                }
             };
             let mut permits = vec![first];
             while let Ok(p) = slots.clone().try_acquire_owned() {
@@ -55,7 +74,7 @@ impl Producer {
             }
             let want = permits.len();
             let sent = Instant::now();
-            let claimed = claim(&self.config, &self.queue, want, None).await;
+            let claimed = claim(&self.config, &conn, &self.queue, want, None).await;
             let jobs = match claimed {
                 Ok(jobs) => {
                     backoff = Duration::from_millis(100);
@@ -84,6 +103,7 @@ impl Producer {
             }
             drop(permits);
             if got == 0 {
+                conn.release();
                 // The queue has no more due jobs: wait for a wake-up or the next poll.
                 // (A short claim is not enough to go idle: with other workers claiming
                 // from the same queue, SKIP LOCKED returns fewer rows than asked while
@@ -133,15 +153,17 @@ async fn gather(
     }
 }
 
+/// Claims on a connection from `conn`, keeping it there if the claim succeeded.
 async fn claim(
     config: &Config,
+    conn: &Spares,
     queue: &str,
     limit: usize,
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<ClaimedJob>, Error> {
-    let mut conn = config.pool.acquire().await?;
-    store::job_claim(
-        &mut conn,
+    let mut held = conn.take().await?;
+    let jobs = store::job_claim(
+        &mut held,
         &ClaimParams {
             queue,
             kinds: &config.kinds,
@@ -151,7 +173,9 @@ async fn claim(
             now,
         },
     )
-    .await
+    .await?;
+    conn.keep(held);
+    Ok(jobs)
 }
 
 /// The most attempts one `Runtime::drain` runs: a handler that keeps enqueueing due jobs
@@ -164,6 +188,7 @@ pub(crate) async fn drain(
     now: Option<DateTime<Utc>>,
 ) -> Result<DrainReport, Error> {
     let mut report = DrainReport::default();
+    let conn = Spares::new(config.pool.clone());
     loop {
         if report.attempts.len() >= MAX_DRAIN_ATTEMPTS {
             warn!(
@@ -176,7 +201,11 @@ pub(crate) async fn drain(
         for queue in config.queues.keys() {
             // One at a time: this task is a single slot, and a claimed job's lease starts
             // at the claim, so claiming ahead would age leases of jobs not yet started.
-            for job in claim(config, queue, 1, now).await? {
+            let claimed = claim(config, &conn, queue, 1, now).await?;
+            // The attempt writes its outcome on a connection of its own: on a pool of
+            // one, a kept one would leave it none.
+            conn.release();
+            for job in claimed {
                 ran += 1;
                 report.attempts.push(drain_one(config, job, now).await?);
             }
