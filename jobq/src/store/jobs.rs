@@ -15,6 +15,9 @@ pub(crate) async fn job_insert(
     job: &NewJob,
     notify: bool,
 ) -> Result<Enqueued, Error> {
+    if job.idempotency_key.is_none() {
+        return job_insert_unkeyed(conn, job, notify).await;
+    }
     let row = sqlx::query(
         r#"
         WITH ins AS (
@@ -69,6 +72,46 @@ pub(crate) async fn job_insert(
             ),
         )),
     }
+}
+
+/// `job_insert` for a job without an idempotency key, the common case: no conflict is
+/// possible, so the statement is a plain INSERT (the conflict handling and the lookup of
+/// an existing row cost about a tenth of single-enqueue throughput).
+async fn job_insert_unkeyed(
+    conn: &mut PgConnection,
+    job: &NewJob,
+    notify: bool,
+) -> Result<Enqueued, Error> {
+    // The notification is the second column (pg_notify returns void, which is not NULL);
+    // a select list is evaluated for every row, so it is sent exactly when asked.
+    let (id, _): (i64, bool) = sqlx::query_as(
+        r#"
+        WITH ins AS (
+            INSERT INTO jobq.jobs (kind, queue, payload, priority, max_attempts, run_after)
+            VALUES ($1, $2, $3::text::jsonb, $4, $5,
+                    coalesce($6, now() + make_interval(secs => coalesce($7, 0))))
+            RETURNING id, run_after
+        )
+        SELECT ins.id,
+               (CASE WHEN $8::text IS NOT NULL AND ins.run_after <= now()
+                     THEN pg_notify($8, $2) END) IS NULL AS quiet
+        FROM ins
+        "#,
+    )
+    .bind(&job.kind)
+    .bind(&job.queue)
+    .bind(&job.payload)
+    .bind(job.priority)
+    .bind(job.max_attempts)
+    .bind(job.run_after)
+    .bind(job.delay_secs)
+    .bind(notify.then_some(NOTIFY_CHANNEL))
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Enqueued {
+        id: JobId(id),
+        duplicate: false,
+    })
 }
 
 async fn job_find_by_key(
