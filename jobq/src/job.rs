@@ -16,7 +16,7 @@ use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::context::JobContext;
 use crate::error::{Classify, Error};
-use crate::notify::PoolEnqueue;
+use crate::pooled::PoolEnqueue;
 use crate::retry::RetryPolicy;
 use crate::store;
 
@@ -146,11 +146,21 @@ pub trait Job: Send + Sync + 'static {
         let conn = conn.into();
         async move {
             let jobs = prepared?;
+            // On a pool the insert commits on its own and the wake-up is sent after it
+            // (see `pooled`); in the caller's transaction, the insert notifies.
             let on_pool = conn.pool().map(PoolEnqueue::begin);
-            let in_statement = on_pool.as_ref().is_none_or(PoolEnqueue::in_statement);
-            let mut held = conn.acquire().await?;
-            let done = store::job_insert_many(&mut held, &jobs, in_statement).await?;
-            drop(held);
+            let done = match (&on_pool, conn) {
+                (Some(on_pool), _) => {
+                    let mut held = on_pool.connection().await?;
+                    let done = store::job_insert_many(&mut held, &jobs, false).await?;
+                    on_pool.keep(held);
+                    done
+                }
+                (None, conn) => {
+                    let mut held = conn.acquire().await?;
+                    store::job_insert_many(&mut held, &jobs, true).await?
+                }
+            };
             let inserted = || jobs.iter().zip(&done).filter(|(_, e)| !e.duplicate);
             for (job, _) in inserted() {
                 crate::metrics::enqueued(&job.kind, &job.queue, 1);
@@ -297,11 +307,21 @@ impl<J: Job> EnqueueBuilder<J> {
         let conn = conn.into();
         async move {
             let job = prepared?;
+            // On a pool the insert commits on its own and the wake-up is sent after it
+            // (see `pooled`); in the caller's transaction, the insert notifies.
             let on_pool = conn.pool().map(PoolEnqueue::begin);
-            let in_statement = wake && on_pool.as_ref().is_none_or(PoolEnqueue::in_statement);
-            let mut held = conn.acquire().await?;
-            let e = store::job_insert(&mut held, &job, in_statement).await?;
-            drop(held);
+            let e = match (&on_pool, conn) {
+                (Some(on_pool), _) => {
+                    let mut held = on_pool.connection().await?;
+                    let e = store::job_insert(&mut held, &job, false).await?;
+                    on_pool.keep(held);
+                    e
+                }
+                (None, conn) => {
+                    let mut held = conn.acquire().await?;
+                    store::job_insert(&mut held, &job, wake).await?
+                }
+            };
             if !e.duplicate {
                 crate::metrics::enqueued(&job.kind, &job.queue, 1);
             }

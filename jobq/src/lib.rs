@@ -61,6 +61,7 @@ pub mod maintenance;
 pub mod metrics;
 mod migrate;
 mod notify;
+mod pooled;
 mod registry;
 mod retry;
 mod runtime;

@@ -1,0 +1,248 @@
+//! Enqueues on a pool (`enqueue(&pool)`): each is one statement, its own transaction,
+//! committed before enqueue returns. What they share, per pool, lives here: how their
+//! wake-ups are sent, and the connection they reuse.
+//!
+//! **Wake-ups.** The insert does not notify; its wake-up is sent after it committed,
+//! by a task of the pool's, coalesced with those of other enqueues on the pool.
+//! PostgreSQL holds a database-wide lock from the moment a notifying transaction starts
+//! to commit until its WAL is flushed, so notifying inserts from many connections would
+//! commit one at a time instead of sharing flushes; and even alone, an insert commits
+//! faster without the notification than the notification costs sent apart (a
+//! transaction that writes nothing else commits without waiting for a flush).
+//!
+//! **Connections.** Checking a connection out of an sqlx pool and back in costs a round
+//! trip each way (a ping on every check-in, and on check-out unless the pool has
+//! `test_before_acquire(false)`), nearly as much as the insert. An enqueue on a pool
+//! therefore keeps its connection for the next one, for [`KEEP`] at most: a loop of
+//! enqueues skips the check-outs, and a pool nobody enqueues on gets the connection
+//! back a few milliseconds later.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
+use tokio::sync::Notify;
+use tracing::debug;
+
+use crate::store::NOTIFY_CHANNEL;
+
+/// Per-pool state, keyed by the address of the pool's options (clones of a pool share
+/// them); an entry lives while anything in it is in use.
+static POOLS: LazyLock<Mutex<HashMap<usize, PoolState>>> = LazyLock::new(Default::default);
+
+#[derive(Default)]
+struct PoolState {
+    /// Enqueues on this pool now running.
+    enqueues: usize,
+    /// Whether a wake-up sender task runs for this pool.
+    sending: bool,
+    /// Queues whose wake-up the sender has yet to send.
+    unsent: BTreeSet<String>,
+    /// Wakes the sender while it lingers with nothing to send.
+    more: Arc<Notify>,
+    /// Connections kept for the next enqueues.
+    kept: Vec<PoolConnection<Postgres>>,
+    /// Bumped whenever a connection is kept; the keeper task gives the connections back
+    /// once it stops changing.
+    kept_at: u64,
+    /// Whether the keeper task runs for this pool.
+    keeping: bool,
+}
+
+impl PoolState {
+    fn unused(&self) -> bool {
+        self.enqueues == 0 && !self.sending && !self.keeping && self.kept.is_empty()
+    }
+}
+
+fn pools() -> MutexGuard<'static, HashMap<usize, PoolState>> {
+    // The map holds no invariant a panic elsewhere could have broken halfway.
+    POOLS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn remove_if_unused(pools: &mut HashMap<usize, PoolState>, key: usize) {
+    if pools.get(&key).is_some_and(PoolState::unused) {
+        pools.remove(&key);
+    }
+}
+
+/// How long a connection is kept for the next enqueue on its pool.
+const KEEP: Duration = Duration::from_millis(2);
+
+/// The most connections kept per pool.
+const MAX_KEPT: usize = 4;
+
+/// After sending, a sender waits this long before it sends again: wake-ups requested
+/// meanwhile go out together, at most this much later. Each notifying statement costs
+/// the server a transaction of its own (with a WAL flush behind it); a steady stream of
+/// concurrent enqueues is thereby capped at a thousand of them a second.
+const PACE: Duration = Duration::from_millis(1);
+
+/// How long a sender keeps its connection, waiting for more wake-ups, once it has
+/// nothing to send.
+const LINGER: Duration = Duration::from_millis(5);
+
+/// One enqueue on a pool, from before its insert until it has committed.
+pub(crate) struct PoolEnqueue<'p> {
+    pool: &'p PgPool,
+    key: usize,
+}
+
+impl<'p> PoolEnqueue<'p> {
+    pub(crate) fn begin(pool: &'p PgPool) -> Self {
+        let key = Arc::as_ptr(&pool.connect_options()) as usize;
+        let mut pools = pools();
+        pools.entry(key).or_default().enqueues += 1;
+        PoolEnqueue { pool, key }
+    }
+
+    /// A connection kept by an earlier enqueue on this pool, or one from the pool.
+    pub(crate) async fn connection(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        let kept = pools().get_mut(&self.key).and_then(|e| e.kept.pop());
+        match kept {
+            Some(conn) => Ok(conn),
+            None => self.pool.acquire().await,
+        }
+    }
+
+    /// Keeps `conn`, whose statement succeeded, for the next enqueue on this pool.
+    pub(crate) fn keep(&self, conn: PoolConnection<Postgres>) {
+        let mut pools = pools();
+        let Some(entry) = pools.get_mut(&self.key) else {
+            return;
+        };
+        if entry.kept.len() >= MAX_KEPT {
+            return;
+        }
+        entry.kept.push(conn);
+        entry.kept_at += 1;
+        if entry.keeping {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            entry.keeping = true;
+            rt.spawn(give_back_when_unused(self.key));
+        } else {
+            entry.kept.clear();
+        }
+    }
+
+    /// The insert has committed jobs due now in `queues`: wakes their producers. Returns
+    /// at once; the pool's sender task sends the notification, right away when it is
+    /// idle, otherwise with the next batch. Every request is followed by a notification
+    /// sent after it was made, so coalescing loses none. A failure to send is logged and
+    /// dropped: producers poll.
+    pub(crate) fn committed<'q>(self, queues: impl IntoIterator<Item = &'q str>) {
+        let mut pools = pools();
+        let Some(entry) = pools.get_mut(&self.key) else {
+            return;
+        };
+        let before = entry.unsent.len();
+        entry.unsent.extend(queues.into_iter().map(str::to_owned));
+        if entry.unsent.len() == before {
+            return;
+        }
+        if entry.sending {
+            entry.more.notify_one();
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            entry.sending = true;
+            rt.spawn(send_wake_ups(
+                self.pool.clone(),
+                self.key,
+                entry.more.clone(),
+            ));
+        }
+    }
+}
+
+impl Drop for PoolEnqueue<'_> {
+    fn drop(&mut self) {
+        let mut pools = pools();
+        if let Some(entry) = pools.get_mut(&self.key) {
+            entry.enqueues -= 1;
+        }
+        remove_if_unused(&mut pools, self.key);
+    }
+}
+
+/// The keeper task of one pool: gives the kept connections back once no enqueue has
+/// kept one for [`KEEP`].
+async fn give_back_when_unused(key: usize) {
+    let mut seen = None;
+    loop {
+        tokio::time::sleep(KEEP).await;
+        let mut pools = pools();
+        let Some(entry) = pools.get_mut(&key) else {
+            return;
+        };
+        if seen == Some(entry.kept_at) || entry.kept.is_empty() {
+            let kept = std::mem::take(&mut entry.kept);
+            entry.keeping = false;
+            remove_if_unused(&mut pools, key);
+            drop(pools);
+            drop(kept);
+            return;
+        }
+        seen = Some(entry.kept_at);
+    }
+}
+
+/// The wake-up sender task of one pool: sends what is unsent, no sooner than [`PACE`]
+/// after its previous statement, until nothing has been for a while; then ends.
+async fn send_wake_ups(pool: PgPool, key: usize, more: Arc<Notify>) {
+    let mut conn: Option<PoolConnection<Postgres>> = None;
+    let mut last_sent: Option<Instant> = None;
+    loop {
+        let waiting = pools().get(&key).is_some_and(|e| !e.unsent.is_empty());
+        if !waiting {
+            if conn.is_some() && tokio::time::timeout(LINGER, more.notified()).await.is_ok() {
+                continue;
+            }
+            let mut pools = pools();
+            let Some(entry) = pools.get_mut(&key) else {
+                return;
+            };
+            if !entry.unsent.is_empty() {
+                continue;
+            }
+            entry.sending = false;
+            remove_if_unused(&mut pools, key);
+            return;
+        }
+        if let Some(since) = last_sent.map(|t| t.elapsed())
+            && since < PACE
+        {
+            tokio::time::sleep(PACE - since).await;
+        }
+        let queues: Vec<String> = match pools().get_mut(&key) {
+            Some(entry) => std::mem::take(&mut entry.unsent).into_iter().collect(),
+            None => return,
+        };
+        if let Err(e) = send(&pool, &mut conn, &queues).await {
+            conn = None;
+            debug!(error = %e, ?queues, "sending a wake-up failed; producers will find the jobs by polling");
+        }
+        last_sent = Some(Instant::now());
+    }
+}
+
+async fn send(
+    pool: &PgPool,
+    conn: &mut Option<PoolConnection<Postgres>>,
+    queues: &[String],
+) -> Result<(), sqlx::Error> {
+    let c = match conn {
+        Some(c) => c,
+        None => conn.insert(pool.acquire().await?),
+    };
+    sqlx::query("SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q")
+        .bind(NOTIFY_CHANNEL)
+        .bind(queues)
+        .execute(&mut **c)
+        .await?;
+    Ok(())
+}
