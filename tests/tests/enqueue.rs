@@ -301,3 +301,35 @@ async fn bad_input_is_rejected_with_a_stable_code() -> anyhow::Result<()> {
     db.close().await;
     Ok(())
 }
+
+/// Enqueues on a pool keep their connection for the next one for a moment; the
+/// application's pool must still get it back at once when it needs it, and for good
+/// when nobody enqueues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueues_on_a_pool_of_one_leave_the_connection_to_the_application() -> anyhow::Result<()> {
+    let db = TestDatabase::new().await?;
+    let pool = db.new_pool(1).await?;
+    for round in 0..20 {
+        for n in 0..5 {
+            Plain::enqueue(&pool, N { n }).await?;
+        }
+        Keyed::enqueue_many(&pool, (0..3).map(|n| N { n: round * 10 + n })).await?;
+        // The application's own statement on the only connection, right after.
+        let mut conn = tokio::time::timeout(Duration::from_secs(1), pool.acquire())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("round {round}: the pool's only connection was not given back")
+            })??;
+        sqlx::query("SELECT 1").execute(&mut *conn).await?;
+    }
+    assert_eq!(count(&pool).await, 160);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        pool.size() as usize - pool.num_idle(),
+        0,
+        "a connection stayed checked out after the enqueues stopped"
+    );
+    tokio::time::timeout(Duration::from_secs(5), pool.close()).await?;
+    db.close().await;
+    Ok(())
+}
