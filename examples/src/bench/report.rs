@@ -40,7 +40,10 @@ impl Target {
         let (ok, gap) = match self {
             Target::RatioAtLeast(r) => {
                 let ratio = ratio?;
-                (ratio >= *r, format!("{:.0} points", (r - ratio) * 100.0))
+                let gap = (r - ratio) * 100.0;
+                // Under a point, say how much: "0 points" read as met.
+                let digits = if gap < 1.0 { 1 } else { 0 };
+                (ratio >= *r, format!("{gap:.digits$} points"))
             }
             Target::AtLeast(v, _) => (value >= *v, format!("{:.0} %", (1.0 - value / v) * 100.0)),
             Target::AtMost(v, _) => (value <= *v, format!("{:.0} %", (value / v - 1.0) * 100.0)),

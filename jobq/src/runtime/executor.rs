@@ -164,9 +164,9 @@ pub(crate) async fn run_claimed(
     claim_sent: tokio::time::Instant,
     slot: tokio::sync::OwnedSemaphorePermit,
 ) {
-    let mut slot = Some(slot);
     use tracing::Instrument;
 
+    let mut slot = Some(slot);
     let span = attempt_span(&job);
     async {
         let Some(handler) = env.config.registry.get(&job.kind).cloned() else {
