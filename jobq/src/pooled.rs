@@ -172,28 +172,64 @@ impl Drop for PoolEnqueue<'_> {
 /// The keeper task of one pool: gives the kept connections back once no enqueue has
 /// kept one for [`KEEP`].
 async fn give_back_when_unused(key: usize) {
+    // Also when the task is dropped unfinished (its tokio runtime shut down): the
+    // connections must not stay in a process-wide map, nor `keeping` stay set for good.
+    let _give_back = GiveBack(key);
     let mut seen = None;
     loop {
         tokio::time::sleep(KEEP).await;
-        let mut pools = pools();
-        let Some(entry) = pools.get_mut(&key) else {
+        let pools = pools();
+        let Some(entry) = pools.get(&key) else {
             return;
         };
         if seen == Some(entry.kept_at) || entry.kept.is_empty() {
-            let kept = std::mem::take(&mut entry.kept);
-            entry.keeping = false;
-            remove_if_unused(&mut pools, key);
-            drop(pools);
-            drop(kept);
             return;
         }
         seen = Some(entry.kept_at);
     }
 }
 
+struct GiveBack(usize);
+
+impl Drop for GiveBack {
+    fn drop(&mut self) {
+        let mut pools = pools();
+        let Some(entry) = pools.get_mut(&self.0) else {
+            return;
+        };
+        let kept = std::mem::take(&mut entry.kept);
+        entry.keeping = false;
+        remove_if_unused(&mut pools, self.0);
+        drop(pools);
+        drop(kept);
+    }
+}
+
+/// Clears a sender's `sending` flag if its task is dropped unfinished (its tokio runtime
+/// shut down), so that the next wake-up starts a new one instead of waiting for a sender
+/// that is gone.
+struct Sending {
+    key: usize,
+    done: bool,
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut pools = pools();
+        if let Some(entry) = pools.get_mut(&self.key) {
+            entry.sending = false;
+        }
+        remove_if_unused(&mut pools, self.key);
+    }
+}
+
 /// The wake-up sender task of one pool: sends what is unsent, no sooner than [`PACE`]
 /// after its previous statement, until nothing has been for a while; then ends.
 async fn send_wake_ups(pool: PgPool, key: usize, more: Arc<Notify>) {
+    let mut sending = Sending { key, done: false };
     let mut conn: Option<PoolConnection<Postgres>> = None;
     let mut last_sent: Option<Instant> = None;
     loop {
@@ -209,7 +245,10 @@ async fn send_wake_ups(pool: PgPool, key: usize, more: Arc<Notify>) {
             if !entry.unsent.is_empty() {
                 continue;
             }
+            // Under the same lock as the check above: a request from now on starts a
+            // new sender.
             entry.sending = false;
+            sending.done = true;
             remove_if_unused(&mut pools, key);
             return;
         }
