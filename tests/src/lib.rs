@@ -117,6 +117,17 @@ pub async fn reaches_state(
     .await
 }
 
+/// Waits up to `timeout` for every job in the table to be `done`.
+pub async fn all_done(pool: &sqlx::PgPool, timeout: Duration) -> bool {
+    eventually(timeout, || async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobq.jobs WHERE state <> 'done'")
+            .fetch_one(pool)
+            .await
+            .is_ok_and(|open| open == 0)
+    })
+    .await
+}
+
 /// The enqueue side of `chaos_worker`'s `chaos` kind (same kind, same args): tests enqueue
 /// with it; only the worker process runs the jobs.
 #[derive(Debug)]

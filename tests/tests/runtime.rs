@@ -99,19 +99,7 @@ async fn three_runtimes_drain_5000_jobs_each_exactly_once() -> anyhow::Result<()
         .execute(db.pool())
         .await?;
 
-    let pool = db.pool().clone();
-    let drained = eventually(Duration::from_secs(120), || {
-        let pool = pool.clone();
-        async move {
-            let open: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM jobq.jobs WHERE state <> 'done'")
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-            open == 0
-        }
-    })
-    .await;
+    let drained = tests::all_done(db.pool(), Duration::from_secs(120)).await;
     for h in handles {
         h.shutdown().await;
     }
@@ -793,21 +781,8 @@ async fn coalesced_wake_ups_from_a_burst_of_pool_enqueues_lose_none() -> anyhow:
         for t in tasks {
             t.await??;
         }
-        let p = pool.clone();
         assert!(
-            eventually(Duration::from_secs(10), || {
-                let p = p.clone();
-                async move {
-                    sqlx::query_scalar::<_, i64>(
-                        "SELECT count(*) FROM jobq.jobs WHERE state <> 'done'",
-                    )
-                    .fetch_one(&p)
-                    .await
-                    .unwrap()
-                        == 0
-                }
-            })
-            .await,
+            tests::all_done(pool, Duration::from_secs(10)).await,
             "round {round}: a job was left waiting for a poll"
         );
     }
@@ -1036,20 +1011,7 @@ async fn an_idle_runtime_gives_its_connections_back_to_the_pool() -> anyhow::Res
     tokio::time::sleep(Duration::from_millis(500)).await;
     let at_rest = checked_out(&pool);
     Sleeper::enqueue_many(&pool, (0..300).map(|_| N { n: 0 })).await?;
-    let p = pool.clone();
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            let p = p.clone();
-            async move {
-                sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobq.jobs WHERE state <> 'done'")
-                    .fetch_one(&p)
-                    .await
-                    .unwrap()
-                    == 0
-            }
-        })
-        .await
-    );
+    assert!(tests::all_done(&pool, Duration::from_secs(10)).await);
     let p = pool.clone();
     assert!(
         eventually(Duration::from_secs(2), || {
