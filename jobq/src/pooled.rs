@@ -139,11 +139,12 @@ impl<'p> PoolEnqueue<'p> {
         let Some(entry) = pools.get_mut(&self.key) else {
             return;
         };
-        let before = entry.unsent.len();
         entry.unsent.extend(queues.into_iter().map(str::to_owned));
-        if entry.unsent.len() == before {
+        if entry.unsent.is_empty() {
             return;
         }
+        // A queue already waiting still makes sure a sender runs: one dropped with its
+        // runtime may have left it there.
         if entry.sending {
             entry.more.notify_one();
             return;
