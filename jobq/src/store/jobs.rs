@@ -18,8 +18,9 @@ pub(crate) async fn job_insert(
     if job.idempotency_key.is_none() {
         return job_insert_unkeyed(conn, job, notify).await;
     }
-    let row = sqlx::query(
-        r#"
+    let row = bind_job(
+        sqlx::query(
+            r#"
         WITH ins AS (
             INSERT INTO jobq.jobs
                 (kind, queue, payload, priority, max_attempts, run_after, idempotency_key)
@@ -38,14 +39,9 @@ pub(crate) async fn job_insert(
         WHERE $8::text IS NOT NULL AND j.kind = $1 AND j.idempotency_key = $8
           AND NOT EXISTS (SELECT 1 FROM ins)
         "#,
+        ),
+        job,
     )
-    .bind(&job.kind)
-    .bind(&job.queue)
-    .bind(&job.payload)
-    .bind(job.priority)
-    .bind(job.max_attempts)
-    .bind(job.run_after)
-    .bind(job.delay_secs)
     .bind(&job.idempotency_key)
     .bind(notify.then_some(NOTIFY_CHANNEL))
     .fetch_optional(&mut *conn)
@@ -84,8 +80,9 @@ async fn job_insert_unkeyed(
 ) -> Result<Enqueued, Error> {
     // The notification is the second column (pg_notify returns void, which is not NULL);
     // a select list is evaluated for every row, so it is sent exactly when asked.
-    let (id, _): (i64, bool) = sqlx::query_as(
-        r#"
+    let row = bind_job(
+        sqlx::query(
+            r#"
         WITH ins AS (
             INSERT INTO jobq.jobs (kind, queue, payload, priority, max_attempts, run_after)
             VALUES ($1, $2, $3::text::jsonb, $4, $5,
@@ -97,19 +94,14 @@ async fn job_insert_unkeyed(
                      THEN pg_notify($8, $2) END) IS NULL AS quiet
         FROM ins
         "#,
+        ),
+        job,
     )
-    .bind(&job.kind)
-    .bind(&job.queue)
-    .bind(&job.payload)
-    .bind(job.priority)
-    .bind(job.max_attempts)
-    .bind(job.run_after)
-    .bind(job.delay_secs)
     .bind(notify.then_some(NOTIFY_CHANNEL))
     .fetch_one(&mut *conn)
     .await?;
     Ok(Enqueued {
-        id: JobId(id),
+        id: JobId(row.try_get("id")?),
         duplicate: false,
     })
 }
@@ -156,6 +148,31 @@ impl<'a> Columns<'a> {
     }
 }
 
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// Binds a job's columns as `$1`–`$7` (kind, queue, payload, priority, max_attempts,
+/// run_after, delay in seconds), as both single-job inserts number them.
+fn bind_job<'q>(q: PgQuery<'q>, job: &'q NewJob) -> PgQuery<'q> {
+    q.bind(&job.kind)
+        .bind(&job.queue)
+        .bind(&job.payload)
+        .bind(job.priority)
+        .bind(job.max_attempts)
+        .bind(job.run_after)
+        .bind(job.delay_secs)
+}
+
+/// Binds a batch's column arrays as `$1`–`$7`, in the order of [`bind_job`].
+fn bind_columns<'q>(q: PgQuery<'q>, c: &'q Columns<'q>) -> PgQuery<'q> {
+    q.bind(&c.kinds)
+        .bind(&c.queues)
+        .bind(&c.payloads)
+        .bind(&c.priorities)
+        .bind(&c.max_attempts)
+        .bind(&c.run_afters)
+        .bind(&c.delays)
+}
+
 /// Inserts many jobs in one statement (UNNEST), in input order; duplicates by idempotency
 /// key (against existing rows or earlier in the batch) come back with the existing id.
 /// `notify` as for [`job_insert`].
@@ -172,8 +189,9 @@ pub(crate) async fn job_insert_many(
     }
     let n = jobs.len();
     let c = Columns::of(jobs);
-    let rows = sqlx::query(
-        r#"
+    let rows = bind_columns(
+        sqlx::query(
+            r#"
         WITH input AS (
             -- Ids are drawn up front so each input row knows its own; a duplicate's
             -- drawn id is simply never used.
@@ -216,14 +234,9 @@ pub(crate) async fn job_insert_many(
         ) dup ON n.id IS NULL
         ORDER BY i.ord
         "#,
+        ),
+        &c,
     )
-    .bind(&c.kinds)
-    .bind(&c.queues)
-    .bind(&c.payloads)
-    .bind(&c.priorities)
-    .bind(&c.max_attempts)
-    .bind(&c.run_afters)
-    .bind(&c.delays)
     .bind(&c.keys)
     .bind(notify.then_some(NOTIFY_CHANNEL))
     .fetch_all(&mut *conn)
@@ -263,8 +276,9 @@ async fn job_insert_many_unkeyed(
 ) -> Result<Vec<Enqueued>, Error> {
     let n = jobs.len();
     let c = Columns::of(jobs);
-    let ids: Vec<i64> = sqlx::query_scalar(
-        r#"
+    let rows = bind_columns(
+        sqlx::query(
+            r#"
         WITH input AS (
             SELECT t.*, nextval('jobq.jobs_id_seq') AS new_id
             FROM unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::int4[],
@@ -289,17 +303,16 @@ async fn job_insert_many_unkeyed(
         WHERE (SELECT count(*) FROM wake) >= 0
         ORDER BY i.ord
         "#,
+        ),
+        &c,
     )
-    .bind(&c.kinds)
-    .bind(&c.queues)
-    .bind(&c.payloads)
-    .bind(&c.priorities)
-    .bind(&c.max_attempts)
-    .bind(&c.run_afters)
-    .bind(&c.delays)
     .bind(notify.then_some(NOTIFY_CHANNEL))
     .fetch_all(&mut *conn)
     .await?;
+    let ids = rows
+        .iter()
+        .map(|r| r.try_get::<i64, _>("new_id"))
+        .collect::<Result<Vec<_>, _>>()?;
     if ids.len() != n {
         return Err(Error::invalid(
             "insert_count_mismatch",
