@@ -223,8 +223,8 @@ pub use migrate::{MIGRATIONS, Migration, migrate};
 pub use registry::{Failure, JobHandler, Registration, registered_jobs};
 pub use retry::{DEFAULT_MAX_ATTEMPTS, RetryPolicy};
 pub use runtime::{
-    AttemptOutcome, DEFAULT_CONCURRENCY, DrainReport, DrainedAttempt, Runtime, RuntimeBuilder,
-    RuntimeHandle, ShutdownReport, run_attempt,
+    AttemptOutcome, DEFAULT_CONCURRENCY, DEFAULT_PREFETCH, DrainReport, DrainedAttempt, Runtime,
+    RuntimeBuilder, RuntimeHandle, ShutdownReport, run_attempt,
 };
 
 /// What generated code needs; not part of the public API.

@@ -1027,3 +1027,143 @@ async fn an_idle_runtime_gives_its_connections_back_to_the_pool() -> anyhow::Res
     db.close().await;
     Ok(())
 }
+
+/// Blocks until the runtime drops it, counting starts; a lease short enough for a test to
+/// outlive it.
+struct Gate;
+static GATE_STARTS: AtomicU32 = AtomicU32::new(0);
+impl Job for Gate {
+    const KIND: &'static str = "gate";
+    const LEASE: Duration = Duration::from_secs(1);
+    type Args = N;
+    type Error = JobError;
+    async fn run(_ctx: JobContext, _args: N) -> Result<(), JobError> {
+        GATE_STARTS.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Ok(())
+    }
+}
+
+async fn count_running(pool: &PgPool, kind: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM jobq.jobs WHERE state = 'running' AND kind = $1")
+        .bind(kind)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Fast handlers make a queue claim ahead of its free slots. The jobs claimed ahead wait
+/// for a slot without starting, their leases kept alive past their length by the
+/// heartbeat, and a graceful shutdown hands them back at once, uncounted, instead of
+/// starting them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_claimed_ahead_wait_for_a_slot_keep_their_leases_and_are_handed_back()
+-> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let handle = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Noop>()
+        .register::<Gate>()
+        .queue("default", 2)
+        .prefetch(8)
+        .reaper(Some(jobq::maintenance::ReaperConfig {
+            interval: Duration::from_millis(100),
+            batch: 1000,
+        }))
+        .shutdown_timeout(Duration::from_millis(300))
+        .build()?
+        .start()
+        .await?;
+    // Jobs are claimed in id order: the no-op jobs first, so the queue is fast when it
+    // reaches the gates, and claims some of them ahead of its two slots.
+    Noop::enqueue_many(pool, (0..3000).map(|n| N { n })).await?;
+    let gates = Gate::enqueue_many(pool, (0..8).map(|n| N { n })).await?;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            count_running(pool, Gate::KIND).await > 2
+        })
+        .await,
+        "no gate was claimed ahead of the two slots"
+    );
+    assert!(eventually(Duration::from_secs(5), || async { handle.running() == 2 }).await);
+    assert_eq!(GATE_STARTS.load(Ordering::SeqCst), 2, "only two slots");
+
+    // Three lease lengths later, the reaper (every 100 ms) has rescued nothing: every
+    // gate is still held by its first attempt, or was never claimed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rows: Vec<(String, i32)> =
+        sqlx::query_as("SELECT state, attempts FROM jobq.jobs WHERE kind = 'gate'")
+            .fetch_all(pool)
+            .await?;
+    for row in &rows {
+        assert!(
+            matches!((row.0.as_str(), row.1), ("running", 1) | ("pending", 0)),
+            "a waiting job's lease lapsed: {row:?}"
+        );
+    }
+    let held = count_running(pool, Gate::KIND).await;
+    assert!(held > 2);
+    // Slots are taken in claim order: no no-op job claimed before the gates waits
+    // behind them.
+    let noops_left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobq.jobs WHERE kind = 'noop' AND state <> 'done'",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(
+        noops_left, 0,
+        "no-op jobs claimed earlier wait behind the gates"
+    );
+    assert_eq!(handle.running(), 2);
+    assert_eq!(GATE_STARTS.load(Ordering::SeqCst), 2);
+
+    let report = handle.shutdown().await;
+    assert_eq!(report.handed_back, held as usize);
+    assert_eq!(
+        GATE_STARTS.load(Ordering::SeqCst),
+        2,
+        "a waiting job started"
+    );
+    for gate in &gates {
+        assert_eq!(
+            tests::job_state(pool, gate.id).await,
+            ("pending".to_owned(), 0),
+            "every gate back in the queue, no attempt counted"
+        );
+    }
+    db.close().await;
+    Ok(())
+}
+
+/// Handlers that take their time free slots slowly, so the queue claims nothing ahead:
+/// no job waits in one worker while another could start it. (A burst of starts into idle
+/// slots must not count as a fast queue.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_handlers_get_no_jobs_claimed_ahead() -> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let handle = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Sleeper>()
+        .queue("default", 2)
+        .prefetch(8)
+        .build()?
+        .start()
+        .await?;
+    Sleeper::enqueue_many(pool, (0..6).map(|_| N { n: 1_000 })).await?;
+    // Until the first handlers return, the two slots are all that may be claimed.
+    let mut most = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(800);
+    while tokio::time::Instant::now() < deadline {
+        most = most.max(count_running(pool, Sleeper::KIND).await);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(most, 2, "slow jobs were claimed ahead of free slots");
+    assert!(tests::all_done(pool, Duration::from_secs(10)).await);
+    handle.shutdown().await;
+    db.close().await;
+    Ok(())
+}

@@ -147,26 +147,62 @@ pub(crate) struct AttemptEnv {
     pub(crate) config: std::sync::Arc<super::Config>,
     pub(crate) running: super::lease::RunningSet,
     pub(crate) completer: super::completer::Completer,
+    /// The queue's handler slots; a job claimed ahead waits here for one.
+    pub(crate) slots: std::sync::Arc<tokio::sync::Semaphore>,
+    /// The job's place in the line for those slots.
+    pub(crate) turn: SlotTurn,
+    /// Handlers of the queue that have returned so far (the producer's measure of how
+    /// fast slots free).
+    pub(crate) finished: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Fired when the runtime stops claiming: a job still waiting for a slot is handed
+    /// back instead of run.
+    pub(crate) stopping: tokio_util::sync::CancellationToken,
 }
 
-/// Runs one claimed job inside the runtime: registers it for heartbeats, runs it under a
-/// `jobq.job` span with its lease watchdog and the shutdown interrupt, and writes its
-/// outcome through the completer. Returns once the outcome is committed.
+/// A job's place in its queue's line for handler slots. Jobs take slots in the order
+/// they were claimed: their tasks are polled in any order, and a job claimed ahead must
+/// not be overtaken by one claimed after it (which could hold the slot for long).
+#[derive(Debug)]
+pub(crate) struct SlotTurn {
+    /// Closes when the job claimed before this one has its slot or gave up waiting.
+    after: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// Dropped when this job has its slot or gives up, letting the next one go.
+    done: tokio::sync::oneshot::Sender<()>,
+}
+
+impl SlotTurn {
+    /// The next place in the line whose last place `last` is (`None`: empty); `last`
+    /// becomes this one.
+    pub(crate) fn next(last: &mut Option<tokio::sync::oneshot::Receiver<()>>) -> SlotTurn {
+        let (done, closed) = tokio::sync::oneshot::channel();
+        SlotTurn {
+            after: last.replace(closed),
+            done,
+        }
+    }
+}
+
+/// Runs one claimed job inside the runtime: registers it for heartbeats, waits for a
+/// handler slot if it was claimed ahead of one, runs it under a `jobq.job` span with its
+/// lease watchdog and the shutdown interrupt, and writes its outcome through the
+/// completer. Returns once the outcome is committed.
 ///
-/// `slot` is the attempt's share of its queue's concurrency. It is given back when the
-/// handler returns, not when the outcome commits, so the next job starts while this one's
-/// completion waits for its batch (concurrency counts handlers running, as in River and
-/// Sidekiq). The completer's backlog bounds how far that can run ahead of committing:
-/// past it, the slot is held until the outcome is written.
+/// `held` is the job's place among those its producer holds, and the slot its share of
+/// the queue's concurrency. Both are given back when the handler returns, not when the
+/// outcome commits, so the next job starts while this one's completion waits for its
+/// batch (concurrency counts handlers running, as in River and Sidekiq). The completer's
+/// backlog bounds how far that can run ahead of committing: past it, both are held until
+/// the outcome is written.
 pub(crate) async fn run_claimed(
     env: AttemptEnv,
     mut job: crate::store::ClaimedJob,
     claim_sent: tokio::time::Instant,
-    slot: tokio::sync::OwnedSemaphorePermit,
+    held: tokio::sync::OwnedSemaphorePermit,
 ) {
     use tracing::Instrument;
 
-    let mut slot = Some(slot);
+    let mut held = Some(held);
+    let mut slot = None;
     let span = attempt_span(&job);
     async {
         let Some(handler) = env.config.registry.get(&job.kind).cloned() else {
@@ -179,7 +215,7 @@ pub(crate) async fn run_claimed(
                 message: format!("no handler for kind `{}` in this worker", job.kind),
                 delay: Duration::ZERO,
             };
-            drop(slot.take());
+            drop(held.take());
             env.completer.write(write).await;
             return;
         };
@@ -209,7 +245,37 @@ pub(crate) async fn run_claimed(
             }
         };
         let payload = std::mem::take(&mut job.payload);
-        let outcome = execute(&handler, ctx, payload, stop).await;
+        tokio::pin!(stop);
+        let SlotTurn { after, done } = env.turn;
+        let in_turn = async {
+            if let Some(after) = after {
+                // An error is the earlier job's sender dropped: exactly the signal.
+                let _ = after.await;
+            }
+            env.slots.clone().acquire_owned().await
+        };
+        let waited = env.running.wait_for_slot(async {
+            tokio::select! {
+                biased;
+                outcome = &mut stop => Err(outcome),
+                _ = env.stopping.cancelled() => Err(AttemptOutcome::Interrupted),
+                s = in_turn => s.map_err(|_| AttemptOutcome::Interrupted),
+            }
+        });
+        let waited = waited.await;
+        drop(done);
+        let outcome = match waited {
+            Ok(s) => {
+                slot = Some(s);
+                let outcome = execute(&handler, ctx, payload, stop).await;
+                env.finished
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                outcome
+            }
+            // Claimed ahead and never started: a shutdown hands it back at once, as an
+            // interrupted attempt (the attempt does not count).
+            Err(outcome) => outcome,
+        };
         tracing::Span::current().record("job.outcome", outcome.label());
         let write = outcome_write(&handler, &job, &outcome);
         if let Some(write) = write {
@@ -220,6 +286,7 @@ pub(crate) async fn run_claimed(
             };
             if env.completer.has_room() {
                 drop(slot.take());
+                drop(held.take());
             }
             let written = env.completer.write(write).await;
             if let Some(super::completer::Written::Applied(Some(state))) = &written {
@@ -232,6 +299,7 @@ pub(crate) async fn run_claimed(
         }
         env.running.remove(job.id);
         drop(slot);
+        drop(held);
     }
     .instrument(span)
     .await;

@@ -34,6 +34,8 @@ pub(crate) struct Running {
 pub(crate) struct RunningSet {
     inner: Arc<Mutex<HashMap<i64, Running>>>,
     handed_back: Arc<std::sync::atomic::AtomicUsize>,
+    /// Of those, the jobs claimed ahead that wait for a handler slot.
+    waiting: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl RunningSet {
@@ -54,8 +56,24 @@ impl RunningSet {
         self.handed_back.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Attempts whose handlers run (not those waiting for a slot).
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        let all = self.lock().len();
+        all.saturating_sub(self.waiting.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Runs `wait` (a job's wait for its handler slot) counted as waiting.
+    pub(crate) async fn wait_for_slot<F: std::future::Future>(&self, wait: F) -> F::Output {
+        struct Counted<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Counted<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let _counted = Counted(&self.waiting);
+        wait.await
     }
 
     pub(crate) fn snapshot(&self) -> Vec<(i64, Running)> {
