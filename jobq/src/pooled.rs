@@ -76,8 +76,11 @@ const MAX_KEPT: usize = 4;
 
 /// After sending, a sender waits this long before it sends again: wake-ups requested
 /// meanwhile go out together, at most this much later. Each notifying statement costs
-/// the server a transaction of its own (with a WAL flush behind it); a steady stream of
-/// concurrent enqueues is thereby capped at a thousand of them a second.
+/// the server a transaction of its own (its commit record is not waited for: it wrote
+/// nothing else), and the application's two sides a round trip; a steady stream of
+/// enqueues is thereby capped at a thousand of them a second. (Two milliseconds halved
+/// the cost at one client, 93 % → 96 % of enqueues without wake-ups, but moved the p99
+/// start latency at 500 jobs/s from 3.0 to 4.1 ms, too near its 5 ms target.)
 const PACE: Duration = Duration::from_millis(1);
 
 /// How long a sender keeps its connection, waiting for more wake-ups, once it has
