@@ -90,6 +90,21 @@ impl BenchDb {
             .await?)
     }
 
+    /// A pool of `max` connections, all of them open before it is returned.
+    pub(crate) async fn warm_pool(&self, max: u32) -> anyhow::Result<PgPool> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max)
+            .min_connections(max)
+            .connect_with(self.options.clone())
+            .await?;
+        let mut held = Vec::new();
+        for _ in 0..max {
+            held.push(pool.acquire().await?);
+        }
+        drop(held);
+        Ok(pool)
+    }
+
     /// One connection outside any pool (a raw-SQL client).
     pub(crate) async fn connect(&self) -> anyhow::Result<PgConnection> {
         Ok(PgConnection::connect_with(&self.options).await?)
