@@ -1,5 +1,5 @@
 //! The runtime: [`Runtime::builder`] configures queues and job types; [`Runtime::start`]
-//! runs one producer per queue (claims up to its free slots), an executor task per
+//! runs one producer per queue (claims for its free slots, and a few jobs ahead while handlers are fast), an executor task per
 //! attempt, a batching completer, a heartbeat for leases, the LISTEN wake-up and the
 //! reaper; [`RuntimeHandle::shutdown`] stops them gracefully.
 
