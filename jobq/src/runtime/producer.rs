@@ -54,7 +54,8 @@ impl Producer {
             let first = match held.clone().try_acquire_owned() {
                 Ok(p) => p,
                 Err(_) => {
-                    // Every slot is taken: keep the connection only for a short wait.
+                    // The queue holds all it may: keep the connection only for a short
+                    // wait.
                     let waited = tokio::select! {
                         _ = stop.cancelled() => return,
                         p = tokio::time::timeout(LINGER, held.clone().acquire_owned()) => p,
@@ -155,8 +156,8 @@ const PACE_SAMPLE: Duration = Duration::from_millis(10);
 /// sized by how fast this queue's handlers free their slots (handlers returned per
 /// second, not started: a burst of starts into idle slots says nothing of how soon they
 /// free): only the jobs expected to start within [`AHEAD_WINDOW`], at most the
-/// configured prefetch. A queue whose handlers take more than a few milliseconds gets
-/// few or none ahead; a queue of no-op jobs gets the whole prefetch.
+/// configured prefetch. Slow handlers get few or none (16 slots of 100 ms handlers:
+/// one; of one second: none); a queue of no-op jobs gets the whole prefetch.
 struct Ahead {
     max: usize,
     /// Permits added to `held` beyond the slots.
