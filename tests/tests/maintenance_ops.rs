@@ -263,6 +263,63 @@ async fn pruner_deletes_by_policy_in_batches_with_effects_and_an_audit_row() -> 
     Ok(())
 }
 
+/// A pass that fails halfway (here a trigger refuses one row of the third batch) keeps
+/// what it deleted, and its audit row says exactly that: the row is written in the
+/// transaction of each batch, not after the last one.
+#[tokio::test]
+async fn a_prune_pass_that_fails_halfway_has_audited_every_deletion_it_made() -> anyhow::Result<()>
+{
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    exec(
+        pool,
+        r#"
+        INSERT INTO jobq.jobs (kind, payload, state, finished_at)
+            SELECT 'x', '{}', 'done', now() - interval '30 days' + n * interval '1 second'
+            FROM generate_series(1, 25) AS n;
+        CREATE FUNCTION refuse() RETURNS trigger AS $$
+        BEGIN RAISE EXCEPTION 'refused'; END $$ LANGUAGE plpgsql;
+        "#,
+    )
+    .await;
+    // The 21st oldest: the first row of the third batch of ten.
+    let refused: i64 =
+        sqlx::query_scalar("SELECT id FROM jobq.jobs ORDER BY finished_at OFFSET 20 LIMIT 1")
+            .fetch_one(pool)
+            .await?;
+    exec(
+        pool,
+        &format!(
+            "CREATE TRIGGER refuse BEFORE DELETE ON jobq.jobs FOR EACH ROW
+                 WHEN (OLD.id = {refused}) EXECUTE FUNCTION refuse();"
+        ),
+    )
+    .await;
+    let pruner = Pruner::new(
+        pool.clone(),
+        PrunerConfig {
+            batch: 10,
+            ..PrunerConfig::default()
+        },
+    );
+    assert!(
+        pruner.run_once().await.is_err(),
+        "the third batch must fail"
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM jobq.jobs")
+        .fetch_one(pool)
+        .await?;
+    assert_eq!(left, 5, "two batches of ten deleted and kept");
+    let audit: Vec<serde_json::Value> =
+        sqlx::query_scalar("SELECT detail FROM jobq.job_audit WHERE action = 'prune'")
+            .fetch_all(pool)
+            .await?;
+    assert_eq!(audit.len(), 1, "the deletions that committed are audited");
+    assert_eq!(audit[0]["done"], 20);
+    db.close().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leadership_passes_to_another_node_when_the_leader_dies() -> anyhow::Result<()> {
     let db = TestDatabase::new().await?;

@@ -170,7 +170,10 @@ impl Pruner {
     }
 
     /// One pass, by the database's clock: every rule, batch after batch, until less than
-    /// a batch is due. Writes one `prune` audit row when it deleted anything.
+    /// a batch is due. Writes one `prune` audit row when it deleted anything: inserted
+    /// with the first batch that deletes and brought up to date with each later one, in
+    /// that batch's transaction, so the row accounts for every deletion that committed,
+    /// also when the pass fails halfway.
     ///
     /// # Errors
     ///
@@ -190,22 +193,26 @@ impl Pruner {
         let except: Vec<String> = self.config.per_kind.keys().cloned().collect();
         let batch = self.config.batch.max(1);
         let mut report = PruneReport::default();
+        let mut audit_row = None;
         for rule in self.rules() {
             let p = params(&rule, now, &except);
             loop {
-                let mut conn = self.pool.acquire().await?;
-                let n = store::job_prune_batch(&mut conn, &p, batch).await?;
+                let mut tx = self.pool.begin().await?;
+                let n = store::job_prune_batch(&mut tx, &p, batch).await?;
                 report.batches += 1;
                 add(&mut report, rule.state, n);
+                if n > 0 {
+                    let detail = serde_json::to_value(report).unwrap_or_default();
+                    let row =
+                        store::audit_prune_pass(&mut tx, audit_row, &self.config.actor, &detail)
+                            .await?;
+                    audit_row = Some(row);
+                }
+                tx.commit().await?;
                 if n < u64::try_from(batch).unwrap_or(u64::MAX) {
                     break;
                 }
             }
-        }
-        if report.total() > 0 {
-            let detail = serde_json::to_value(report).unwrap_or_default();
-            let mut conn = self.pool.acquire().await?;
-            store::audit_insert_prune(&mut conn, &self.config.actor, &detail).await?;
         }
         Ok(report)
     }

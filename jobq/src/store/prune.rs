@@ -84,21 +84,35 @@ pub(crate) async fn job_prune_count(
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
-/// Records one prune pass in `jobq.job_audit` (`action = 'prune'`, counts in `detail`).
-pub(crate) async fn audit_insert_prune(
+/// Records a prune pass in `jobq.job_audit` (`action = 'prune'`, counts in `detail`):
+/// inserts its row when `row` is `None`, else replaces that row's counts. Returns the
+/// row's id. Run in the transaction of the batch whose deletions it counts.
+pub(crate) async fn audit_prune_pass(
     conn: &mut PgConnection,
+    row: Option<i64>,
     actor: &str,
     detail: &serde_json::Value,
-) -> Result<(), Error> {
-    sqlx::query(
-        "INSERT INTO jobq.job_audit (job_id, action, actor, reason, detail)
-         VALUES (NULL, 'prune', $1, 'retention policy', $2)",
-    )
-    .bind(actor)
-    .bind(detail)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+) -> Result<i64, Error> {
+    let id = match row {
+        None => {
+            sqlx::query_scalar(
+                "INSERT INTO jobq.job_audit (job_id, action, actor, reason, detail)
+                 VALUES (NULL, 'prune', $1, 'retention policy', $2) RETURNING id",
+            )
+            .bind(actor)
+            .bind(detail)
+            .fetch_one(&mut *conn)
+            .await?
+        }
+        Some(id) => {
+            sqlx::query_scalar("UPDATE jobq.job_audit SET detail = $2 WHERE id = $1 RETURNING id")
+                .bind(id)
+                .bind(detail)
+                .fetch_one(&mut *conn)
+                .await?
+        }
+    };
+    Ok(id)
 }
 
 /// Takes the session-level advisory lock `key` on this connection if it is free.
