@@ -294,3 +294,73 @@ async fn replay_cancel_retry_pause_resume_and_prune() {
     assert!(ok(&url, &["prune", "--dry-run"]).contains("would delete 0 jobs"));
     db.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edit_payload_fixes_a_failed_job_before_its_replay() {
+    let db = TestDatabase::new().await.unwrap();
+    let url = url(&db);
+    seed(&db).await;
+
+    // Job 5 failed with a bad address; give it a corrected payload, then replay it.
+    let t = json(
+        &url,
+        &[
+            "edit-payload",
+            "5",
+            r#"{"invoice_id": 5, "to": "billing@example.com"}"#,
+            "--reason",
+            "typo in the address",
+        ],
+    );
+    assert_eq!(
+        (t["before"].as_str(), t["after"].as_str()),
+        (Some("failed"), Some("failed"))
+    );
+    let file = std::env::temp_dir().join(format!("jobq-payload-{}.json", db.name()));
+    std::fs::write(&file, r#"{"invoice_id": 4}"#).unwrap();
+    assert!(
+        ok(
+            &url,
+            &["edit-payload", "4", &format!("@{}", file.display())]
+        )
+        .contains("job 4 payload replaced (still failed); `jobq replay 4` runs it again")
+    );
+    std::fs::remove_file(&file).unwrap();
+    let payloads: Vec<(i64, Value)> =
+        sqlx::query_as("SELECT id, payload FROM jobq.jobs WHERE id IN (4, 5) ORDER BY id")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(payloads[0].1, serde_json::json!({"invoice_id": 4}));
+    assert_eq!(payloads[1].1["to"], "billing@example.com");
+
+    // The audit row keeps the payload before and after.
+    let shown = json(&url, &["show", "5"]);
+    let audit = &shown["audit"][0];
+    assert_eq!(
+        (audit["action"].as_str(), audit["reason"].as_str()),
+        (Some("edit_payload"), Some("typo in the address"))
+    );
+    assert_eq!(
+        audit["detail"]["payload_before"],
+        serde_json::json!({"invoice_id": 5})
+    );
+    assert_eq!(
+        audit["detail"]["payload_after"]["to"],
+        "billing@example.com"
+    );
+
+    // Refused: text that is not JSON, a file that is not there, a job that is not
+    // failed or cancelled (the done job 6), a job that does not exist.
+    assert!(err(&url, &["edit-payload", "5", "{nope"]).contains("the payload is not JSON"));
+    assert!(
+        err(&url, &["edit-payload", "5", "@/nonexistent/payload.json"])
+            .contains("reading /nonexistent/payload.json")
+    );
+    assert!(
+        err(&url, &["edit-payload", "6", "{}"])
+            .contains("job 6 is done; edit-payload applies only to failed or cancelled jobs")
+    );
+    assert!(err(&url, &["edit-payload", "999", "{}"]).contains("999"));
+    db.close().await;
+}

@@ -1,5 +1,6 @@
 //! `jobq`: operate a jobq database from a shell — what is pending, what failed, what did
-//! we already do — and act on it: replay, cancel, retry now, pause, resume, prune.
+//! we already do — and act on it: replay, cancel, edit a payload, retry now, pause,
+//! resume, prune.
 //!
 //! Reads `DATABASE_URL` (or `--database-url`). Prints readable tables by default and JSON
 //! with `--json`. Bulk actions ask for confirmation on a terminal and need `--yes`
@@ -91,6 +92,17 @@ enum Command {
         /// Do not ask for confirmation (needed for more than one id).
         #[arg(long, short)]
         yes: bool,
+        /// Why, for the audit log.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Replace the payload of a failed or cancelled job (to fix it before a replay); the
+    /// audit row keeps the payload before and after.
+    EditPayload {
+        /// The job id.
+        id: i64,
+        /// The new payload: JSON text, `@path` to read it from a file, or `-` for stdin.
+        payload: String,
         /// Why, for the audit log.
         #[arg(long)]
         reason: Option<String>,
@@ -327,6 +339,23 @@ fn confirm(question: &str, yes: bool) -> Result<(), Failure> {
     } else {
         Err(fail("aborted", "aborted; nothing was changed"))
     }
+}
+
+/// A payload argument: JSON text, `@path` for a file's contents, `-` for stdin.
+fn read_payload(arg: &str) -> Result<serde_json::Value, Failure> {
+    let text = if arg == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .map_err(|e| fail("payload_unreadable", format!("reading stdin: {e}")))?;
+        text
+    } else if let Some(path) = arg.strip_prefix('@') {
+        std::fs::read_to_string(path)
+            .map_err(|e| fail("payload_unreadable", format!("reading {path}: {e}")))?
+    } else {
+        arg.to_owned()
+    };
+    serde_json::from_str(&text)
+        .map_err(|e| fail("invalid_payload", format!("the payload is not JSON: {e}")))
 }
 
 fn print_json<T: Serialize>(value: &T) -> Result<(), Failure> {
@@ -807,6 +836,24 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         println!("job {} cancelled: {} -> {}", t.id, t.before, t.after);
                     }
                 }
+            }
+        }
+        Command::EditPayload {
+            id,
+            payload,
+            reason,
+        } => {
+            let payload = read_payload(&payload)?;
+            let t = admin
+                .edit_payload(JobId(id), payload, reason.as_deref())
+                .await?;
+            if json {
+                print_json(&t)?;
+            } else {
+                println!(
+                    "job {} payload replaced (still {}); `jobq replay {}` runs it again",
+                    t.id, t.after, t.id
+                );
             }
         }
         Command::RetryNow { id, reason } => {
