@@ -1032,12 +1032,14 @@ async fn an_idle_runtime_gives_its_connections_back_to_the_pool() -> anyhow::Res
 /// outlive it.
 struct Gate;
 static GATE_STARTS: AtomicU32 = AtomicU32::new(0);
+static GATES_STARTED: std::sync::Mutex<Vec<i64>> = std::sync::Mutex::new(Vec::new());
 impl Job for Gate {
     const KIND: &'static str = "gate";
     const LEASE: Duration = Duration::from_secs(1);
     type Args = N;
     type Error = JobError;
-    async fn run(_ctx: JobContext, _args: N) -> Result<(), JobError> {
+    async fn run(ctx: JobContext, _args: N) -> Result<(), JobError> {
+        GATES_STARTED.lock().unwrap().push(ctx.id().0);
         GATE_STARTS.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(60)).await;
         Ok(())
@@ -1054,8 +1056,8 @@ async fn count_running(pool: &PgPool, kind: &str) -> i64 {
 
 /// Fast handlers make a queue claim ahead of its free slots. The jobs claimed ahead wait
 /// for a slot without starting, their leases kept alive past their length by the
-/// heartbeat, and a graceful shutdown hands them back at once, uncounted, instead of
-/// starting them.
+/// heartbeat; one an operator cancels meanwhile is cancelled without starting, and a
+/// graceful shutdown hands the rest back at once, uncounted, instead of starting them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_claimed_ahead_wait_for_a_slot_keep_their_leases_and_are_handed_back()
 -> anyhow::Result<()> {
@@ -1119,18 +1121,47 @@ async fn jobs_claimed_ahead_wait_for_a_slot_keep_their_leases_and_are_handed_bac
     assert_eq!(handle.running(), 2);
     assert_eq!(GATE_STARTS.load(Ordering::SeqCst), 2);
 
+    // An operator cancels one that waits: the heartbeat carries the request, and the job
+    // is cancelled without its handler starting.
+    let started = GATES_STARTED.lock().unwrap().clone();
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT id FROM jobq.jobs WHERE kind = 'gate' AND state = 'running'
+         AND NOT (id = ANY($1)) ORDER BY id DESC LIMIT 1",
+    )
+    .bind(&started)
+    .fetch_one(pool)
+    .await?;
+    jobq::admin::Admin::new(pool.clone())
+        .cancel(jobq::JobId(waiting), Some("not needed"))
+        .await?;
+    assert!(
+        tests::reaches_state(
+            pool,
+            jobq::JobId(waiting),
+            "cancelled",
+            Duration::from_secs(5)
+        )
+        .await,
+        "a cancelled job waiting for its slot stayed running"
+    );
+    assert_eq!(
+        tests::job_state(pool, jobq::JobId(waiting)).await,
+        ("cancelled".to_owned(), 0)
+    );
+    assert_eq!(GATE_STARTS.load(Ordering::SeqCst), 2);
+
     let report = handle.shutdown().await;
-    assert_eq!(report.handed_back, held as usize);
+    assert_eq!(report.handed_back, held as usize - 1);
     assert_eq!(
         GATE_STARTS.load(Ordering::SeqCst),
         2,
         "a waiting job started"
     );
-    for gate in &gates {
+    for gate in gates.iter().filter(|g| g.id.0 != waiting) {
         assert_eq!(
             tests::job_state(pool, gate.id).await,
             ("pending".to_owned(), 0),
-            "every gate back in the queue, no attempt counted"
+            "every other gate back in the queue, no attempt counted"
         );
     }
     db.close().await;

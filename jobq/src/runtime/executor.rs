@@ -259,6 +259,9 @@ pub(crate) async fn run_claimed(
                 biased;
                 outcome = &mut stop => Err(outcome),
                 _ = env.stopping.cancelled() => Err(AttemptOutcome::Interrupted),
+                // An operator cancelled it before it started: handing it back makes it
+                // `cancelled` (the hand-back honours the request) without running it.
+                _ = cancel.cancelled() => Err(AttemptOutcome::Interrupted),
                 s = in_turn => s.map_err(|_| AttemptOutcome::Interrupted),
             }
         });
@@ -272,14 +275,17 @@ pub(crate) async fn run_claimed(
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 outcome
             }
-            // Claimed ahead and never started: a shutdown hands it back at once, as an
-            // interrupted attempt (the attempt does not count).
+            // Claimed ahead and never started: a shutdown or a cancel request hands it
+            // back at once, as an interrupted attempt (the attempt does not count).
             Err(outcome) => outcome,
         };
         tracing::Span::current().record("job.outcome", outcome.label());
         let write = outcome_write(&handler, &job, &outcome);
         if let Some(write) = write {
-            let interrupted = matches!(write, super::completer::Write::HandBack { .. });
+            // Handed back by the shutdown (an operator's cancel of a job waiting for its
+            // slot is handed back too, but is not the shutdown's doing).
+            let interrupted = matches!(write, super::completer::Write::HandBack { .. })
+                && env.stopping.is_cancelled();
             let code = match &write {
                 super::completer::Write::Fail { code, .. } => Some(code.clone()),
                 _ => None,
