@@ -674,6 +674,7 @@ async fn scale_out(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result
     const PROCS: [usize; 3] = [1, 2, 4];
     let total = 64;
     let mut rates: [Samples; 3] = Default::default();
+    let mut commits: [Samples; 3] = Default::default();
     for round in 0..s.reps {
         for k in 0..PROCS.len() {
             let i = (round + k) % PROCS.len();
@@ -683,10 +684,12 @@ async fn scale_out(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result
                 round + 1,
                 total / procs
             ));
-            rates[i].push(drain_once(s, db, procs, total / procs).await?.rate);
+            let run = drain_once(s, db, procs, total / procs).await?;
+            rates[i].push(run.rate);
+            commits[i].push(run.commits_per_job);
         }
     }
-    for (i, rate) in rates.into_iter().enumerate() {
+    for (i, (rate, commits)) in rates.into_iter().zip(commits).enumerate() {
         let procs = PROCS[i];
         let name = format!("scale-out: {procs} process(es) × {} workers", total / procs);
         if i == 0 {
@@ -699,6 +702,12 @@ async fn scale_out(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result
                 vec![Target::ratio_at_least(0.9)],
             );
         }
+        r.cost(
+            &format!("  commits per job, {procs} process(es)"),
+            commits,
+            "",
+            vec![],
+        );
     }
     Ok(())
 }
