@@ -16,7 +16,7 @@ use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::context::JobContext;
 use crate::error::{Classify, Error};
-use crate::pooled::PoolEnqueue;
+use crate::pooled::{self, PoolEnqueue};
 use crate::retry::RetryPolicy;
 use crate::store;
 
@@ -146,32 +146,17 @@ pub trait Job: Send + Sync + 'static {
         let conn = conn.into();
         async move {
             let jobs = prepared?;
-            // On a pool the insert commits on its own and the wake-up is sent after it
-            // (see `pooled`); in the caller's transaction, the insert notifies.
-            let on_pool = conn.pool().map(PoolEnqueue::begin);
-            let done = match (&on_pool, conn) {
-                (Some(on_pool), _) => {
-                    let mut held = on_pool.connection().await?;
-                    let done = store::job_insert_many(&mut held, &jobs, false).await?;
-                    on_pool.keep(held);
-                    done
-                }
-                (None, conn) => {
-                    let mut held = conn.acquire().await?;
-                    store::job_insert_many(&mut held, &jobs, true).await?
-                }
-            };
+            let mut target = Target::open(conn, true).await?;
+            let how = target.wake();
+            let (done, tx) = store::job_insert_many(target.conn(), &jobs, how).await?;
             let inserted = || jobs.iter().zip(&done).filter(|(_, e)| !e.duplicate);
             for (job, _) in inserted() {
                 crate::metrics::enqueued(&job.kind, &job.queue, 1);
             }
-            if let Some(on_pool) = on_pool {
-                on_pool.committed(
-                    inserted()
-                        .filter(|(j, _)| j.due_now())
-                        .map(|(j, _)| j.queue.as_str()),
-                );
-            }
+            let due = inserted()
+                .filter(|(j, _)| j.due_now())
+                .map(|(j, _)| j.queue.as_str());
+            target.inserted(tx, due).await?;
             Ok(done)
         }
     }
@@ -307,31 +292,14 @@ impl<J: Job> EnqueueBuilder<J> {
         let conn = conn.into();
         async move {
             let job = prepared?;
-            // On a pool the insert commits on its own and the wake-up is sent after it
-            // (see `pooled`); in the caller's transaction, the insert notifies.
-            let on_pool = conn.pool().map(PoolEnqueue::begin);
-            let e = match (&on_pool, conn) {
-                (Some(on_pool), _) => {
-                    let mut held = on_pool.connection().await?;
-                    let e = store::job_insert(&mut held, &job, false).await?;
-                    on_pool.keep(held);
-                    e
-                }
-                (None, conn) => {
-                    let mut held = conn.acquire().await?;
-                    store::job_insert(&mut held, &job, wake).await?
-                }
-            };
+            let mut target = Target::open(conn, wake).await?;
+            let how = target.wake();
+            let (e, tx) = store::job_insert(target.conn(), &job, how).await?;
             if !e.duplicate {
                 crate::metrics::enqueued(&job.kind, &job.queue, 1);
             }
-            if let Some(on_pool) = on_pool
-                && wake
-                && !e.duplicate
-                && job.due_now()
-            {
-                on_pool.committed([job.queue.as_str()]);
-            }
+            let due = (!e.duplicate && job.due_now()).then_some(job.queue.as_str());
+            target.inserted(tx, due).await?;
             Ok(e)
         }
     }
@@ -380,6 +348,97 @@ impl<J: Job> EnqueueBuilder<J> {
     }
 }
 
+/// Where an enqueue's insert runs, and how its wake-up goes out.
+enum Target<'c> {
+    /// On a pool: the insert commits by itself, and the pool's wake-up task wakes its
+    /// queue after (see `pooled`); the connection is kept for the next enqueue.
+    Pool {
+        on_pool: PoolEnqueue<'c>,
+        held: PoolConnection<Postgres>,
+        wake: bool,
+    },
+    /// On the caller's connection, usually inside their transaction: the insert
+    /// notifies, returns its transaction for a pool that routes wake-ups to watch, or
+    /// does neither.
+    Caller(&'c mut PgConnection, store::Wake),
+}
+
+impl<'c> Target<'c> {
+    async fn open(conn: Conn<'c>, wake: bool) -> Result<Target<'c>, Error> {
+        Ok(match conn {
+            Conn::Pool(pool) => {
+                let on_pool = PoolEnqueue::begin(pool);
+                let held = on_pool.connection().await?;
+                Target::Pool {
+                    on_pool,
+                    held,
+                    wake,
+                }
+            }
+            Conn::Connection(conn) => {
+                let how = if !wake {
+                    store::Wake::No
+                } else if pooled::routing() {
+                    store::Wake::AfterCommit
+                } else {
+                    store::Wake::InStatement
+                };
+                Target::Caller(conn, how)
+            }
+        })
+    }
+
+    fn conn(&mut self) -> &mut PgConnection {
+        match self {
+            Target::Pool { held, .. } => held,
+            Target::Caller(conn, _) => conn,
+        }
+    }
+
+    /// How the insert statement wakes producers.
+    fn wake(&self) -> store::Wake {
+        match self {
+            Target::Pool { .. } => store::Wake::No,
+            Target::Caller(_, how) => *how,
+        }
+    }
+
+    /// After a successful insert in transaction `tx` of due jobs in `queues`: wakes
+    /// those queues as decided at [`Target::open`].
+    async fn inserted<'q>(
+        self,
+        tx: Option<store::TxOf>,
+        queues: impl IntoIterator<Item = &'q str>,
+    ) -> Result<(), Error> {
+        match self {
+            Target::Pool {
+                on_pool,
+                held,
+                wake,
+            } => {
+                on_pool.keep(held);
+                if wake {
+                    on_pool.committed(queues);
+                }
+            }
+            Target::Caller(conn, store::Wake::AfterCommit) => {
+                let queues: Vec<&str> = queues.into_iter().collect();
+                if queues.is_empty() {
+                    return Ok(());
+                }
+                let routed = tx.is_some_and(|tx| pooled::after_commit(&tx, queues.iter().copied()));
+                if !routed {
+                    // The route went away, or serves another database: notify in the
+                    // transaction after all.
+                    store::queues_notify(conn, &queues).await?;
+                }
+            }
+            Target::Caller(..) => {}
+        }
+        Ok(())
+    }
+}
+
 /// Where a jobq statement runs: a pool (one statement, its own implicit transaction), or
 /// a connection — typically the caller's open transaction, so the write commits or rolls
 /// back with it.
@@ -423,14 +482,6 @@ impl<'c> From<&'c mut PoolConnection<Postgres>> for Conn<'c> {
 }
 
 impl<'c> Conn<'c> {
-    /// The pool, when the statement runs on one (its own transaction).
-    pub(crate) fn pool(&self) -> Option<&'c PgPool> {
-        match self {
-            Conn::Pool(pool) => Some(*pool),
-            Conn::Connection(_) => None,
-        }
-    }
-
     /// The connection to run on: the one given, or one acquired from the pool.
     pub(crate) async fn acquire(self) -> Result<HeldConn<'c>, sqlx::Error> {
         match self {

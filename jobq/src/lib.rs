@@ -220,6 +220,7 @@ pub use jobq_macros::job;
 #[doc(inline)]
 pub use jobq_macros::Classify;
 pub use migrate::{MIGRATIONS, Migration, migrate};
+pub use pooled::{WakeUpRoute, route_wake_ups};
 pub use registry::{Failure, JobHandler, Registration, registered_jobs};
 pub use retry::{DEFAULT_MAX_ATTEMPTS, RetryPolicy};
 pub use runtime::{

@@ -4,9 +4,10 @@
 //! connection the listener reconnects and wakes every producer, since notifications sent
 //! meanwhile are gone.
 //!
-//! How enqueue notifies depends on where it runs: see [`crate::pooled`] for enqueues on a
-//! pool; inside the caller's transaction the insert statement itself notifies, so the
-//! wake-up is delivered only if that transaction commits.
+//! How enqueue notifies depends on where it runs: see [`crate::pooled`]. While it
+//! listens, the listener routes wake-ups for its pool's database
+//! ([`crate::route_wake_ups`]), so that enqueues inside transactions in this process
+//! are woken after their commit instead of notifying in it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::pooled::{WakeUpRoute, route_wake_ups};
 use crate::store::NOTIFY_CHANNEL;
 
 /// One wake-up signal per queue this runtime serves.
@@ -58,6 +60,9 @@ impl Wakers {
 /// Listens until `stop`, reconnecting with backoff.
 pub(crate) async fn listen(pool: PgPool, wakers: Arc<Wakers>, stop: CancellationToken) {
     let mut backoff = Duration::from_millis(100);
+    // Held while listening; taken again after each reconnection, which follows a server
+    // restart or failover (whose database has a new name, see `store::database_sql!`).
+    let mut route: Option<WakeUpRoute> = None;
     loop {
         let mut listener = tokio::select! {
             _ = stop.cancelled() => return,
@@ -76,6 +81,15 @@ pub(crate) async fn listen(pool: PgPool, wakers: Arc<Wakers>, stop: Cancellation
         };
         debug!("listening on {NOTIFY_CHANNEL}");
         backoff = Duration::from_millis(100);
+        drop(route.take());
+        route = match route_wake_ups(&pool).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                // Enqueues in transactions notify in them instead: slower, not lost.
+                debug!(error = %e, "routing wake-ups through the runtime's pool failed");
+                None
+            }
+        };
         // Anything enqueued while we were not listening has been missed.
         wakers.wake_all();
         loop {

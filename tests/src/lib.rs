@@ -151,3 +151,69 @@ impl jobq::Job for Chaos {
         ))
     }
 }
+
+/// A `LISTEN jobq_insert` connection of its own on `pool`'s database.
+pub async fn listen_for_wake_ups(
+    pool: &sqlx::PgPool,
+) -> anyhow::Result<sqlx::postgres::PgListener> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+    listener.listen("jobq_insert").await?;
+    Ok(listener)
+}
+
+/// The next `jobq_insert` notification on `listener` within `within`, as (payload, pid of
+/// the backend that sent it).
+pub async fn next_wake_up(
+    listener: &mut sqlx::postgres::PgListener,
+    within: Duration,
+) -> Option<(String, i32)> {
+    let n = tokio::time::timeout(within, listener.recv()).await.ok()?;
+    let n = n.expect("LISTEN connection failed");
+    Some((n.payload().to_owned(), n.process_id() as i32))
+}
+
+/// A job nobody runs: for tests about enqueueing.
+#[derive(Debug)]
+pub struct Idle;
+
+impl jobq::Job for Idle {
+    const KIND: &'static str = "idle";
+    type Args = N;
+    type Error = jobq::JobError;
+    async fn run(_ctx: jobq::JobContext, _args: N) -> Result<(), jobq::JobError> {
+        Ok(())
+    }
+}
+
+/// Enqueues a job in a transaction on `pool` and waits (5 s at most) for its wake-up;
+/// returns the pid of the backend that sent it and that of the transaction's, equal when
+/// the wake-up was notified inside the transaction.
+pub async fn woken_in_transaction(pool: &sqlx::PgPool) -> anyhow::Result<(i32, i32)> {
+    use jobq::Job;
+    let mut listener = listen_for_wake_ups(pool).await?;
+    let mut tx = pool.begin().await?;
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *tx)
+        .await?;
+    Idle::enqueue(&mut tx, N { n: 0 }).await?;
+    tx.commit().await?;
+    let (_, from) = next_wake_up(&mut listener, Duration::from_secs(5))
+        .await
+        .ok_or_else(|| anyhow::anyhow!("no wake-up within 5 s of the commit"))?;
+    Ok((from, pid))
+}
+
+/// Waits (5 s at most) until `n` connections LISTEN on `pool`'s database; returns
+/// whether they do.
+pub async fn listening(pool: &sqlx::PgPool, n: i64) -> bool {
+    eventually(Duration::from_secs(5), || async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+        )
+        .fetch_one(pool)
+        .await
+        .is_ok_and(|count| count == n)
+    })
+    .await
+}

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use jobq::{Job, JobContext, JobError, RetryPolicy, Runtime};
 use jobq_testing::TestDatabase;
 use sqlx::PgPool;
-use tests::{N, eventually, init_tracing};
+use tests::{N, eventually, init_tracing, listen_for_wake_ups, next_wake_up, woken_in_transaction};
 
 /// Records every execution in a side table, so a test can count executions per job.
 struct Record;
@@ -670,22 +670,7 @@ async fn notifications_wake_workers_and_the_listener_reconnects() -> anyhow::Res
     let wait_done =
         |id: jobq::JobId| tests::reaches_state(pool, id, "done", Duration::from_secs(5));
     // Let the listener connect.
-    let p = pool.clone();
-    assert!(
-        eventually(Duration::from_secs(5), || {
-            let p = p.clone();
-            async move {
-                sqlx::query_scalar::<_, i64>(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'",
-                )
-                .fetch_one(&p)
-                .await
-                .unwrap()
-                    == 1
-            }
-        })
-        .await
-    );
+    assert!(tests::listening(pool, 1).await);
     let a = Sleeper::with(N { n: 0 })
         .queue(queue.clone())
         .enqueue(pool)
@@ -1196,5 +1181,110 @@ async fn slow_handlers_get_no_jobs_claimed_ahead() -> anyhow::Result<()> {
     assert!(tests::all_done(pool, Duration::from_secs(10)).await);
     handle.shutdown().await;
     db.close().await;
+    Ok(())
+}
+
+/// With a route (the runtime's own here), an enqueue inside a transaction notifies
+/// nothing in it: the wake-up is sent by another backend once the transaction has
+/// committed — never before, and never for one that rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_ups_of_enqueues_in_transactions_are_sent_after_the_commit() -> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    // A pool of its own, so that the wake-up cannot come from the connection the
+    // transaction used.
+    let handle = Runtime::builder(db.new_pool(4).await?)
+        .auto_register(false)
+        .register::<Sleeper>()
+        .queue("default", 2)
+        // Polling alone would take an hour: only wake-ups can be this fast.
+        .poll_interval(Duration::from_secs(3600))
+        .build()?
+        .start()
+        .await?;
+    let mut listener = listen_for_wake_ups(pool).await?;
+    // The runtime routes once its LISTEN is up.
+    assert!(tests::listening(pool, 2).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut tx = pool.begin().await?;
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *tx)
+        .await?;
+    let job = Sleeper::enqueue(&mut tx, N { n: 0 }).await?;
+    assert_eq!(
+        next_wake_up(&mut listener, Duration::from_millis(300)).await,
+        None,
+        "no wake-up while the transaction is open"
+    );
+    tx.commit().await?;
+    let (payload, from) = next_wake_up(&mut listener, Duration::from_secs(5))
+        .await
+        .expect("a wake-up after the commit");
+    assert_eq!(payload, "default");
+    assert_ne!(from, pid, "sent apart from the transaction, not inside it");
+    assert!(
+        tests::reaches_state(pool, job.id, "done", Duration::from_secs(5)).await,
+        "the runtime was woken"
+    );
+
+    // A transaction that rolls back wakes nothing.
+    let mut tx = pool.begin().await?;
+    Sleeper::enqueue(&mut tx, N { n: 0 }).await?;
+    tx.rollback().await?;
+    assert_eq!(
+        next_wake_up(&mut listener, Duration::from_millis(300)).await,
+        None
+    );
+
+    // A batch, and several transactions at once, each woken after its commit.
+    let mut txs = Vec::new();
+    for _ in 0..3 {
+        let mut tx = pool.begin().await?;
+        Sleeper::enqueue_many(&mut *tx, (0..5).map(|_| N { n: 0 })).await?;
+        txs.push(tx);
+    }
+    for tx in txs {
+        tx.commit().await?;
+    }
+    assert!(
+        next_wake_up(&mut listener, Duration::from_secs(5))
+            .await
+            .is_some()
+    );
+    assert!(
+        tests::all_done(pool, Duration::from_secs(10)).await,
+        "a job was left waiting for a poll"
+    );
+    handle.shutdown().await;
+    db.close().await;
+    Ok(())
+}
+
+/// A route serves its own database only; without one, or once its guard is dropped, an
+/// enqueue in a transaction notifies inside that transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_serves_its_own_database_and_ends_with_its_guard() -> anyhow::Result<()> {
+    init_tracing();
+    let routed = TestDatabase::new().await?;
+    let other = TestDatabase::new().await?;
+    // The route's pool is not the one the transactions use: a wake-up it sends comes
+    // from another backend.
+    let route = jobq::route_wake_ups(&routed.new_pool(2).await?).await?;
+    assert!(format!("{route:?}").contains(routed.name()), "{route:?}");
+
+    let (from, tx) = woken_in_transaction(routed.pool()).await?;
+    assert_ne!(
+        from, tx,
+        "routed: sent after the commit by the route's pool"
+    );
+    let (from, tx) = woken_in_transaction(other.pool()).await?;
+    assert_eq!(from, tx, "another database: notified in the transaction");
+    drop(route);
+    let (from, tx) = woken_in_transaction(routed.pool()).await?;
+    assert_eq!(from, tx, "route ended: notified in the transaction");
+    routed.close().await;
+    other.close().await;
     Ok(())
 }

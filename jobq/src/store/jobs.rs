@@ -3,23 +3,23 @@
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
-use super::{ERROR_HISTORY_LEN, NOTIFY_CHANNEL, NewJob, truncate_message};
+use super::{ERROR_HISTORY_LEN, NewJob, TxOf, Wake, truncate_message};
 use crate::error::{Disposition, Error};
 use crate::job::{Enqueued, JobId};
 
-/// Inserts one job, absorbing a duplicate idempotency key. With `notify`, the statement
-/// also wakes the queue's producers when its transaction commits (PostgreSQL folds
-/// identical notifications of one transaction); without, the caller wakes them, or not.
+/// Inserts one job, absorbing a duplicate idempotency key, and wakes its queue's
+/// producers as `wake` says; returns the statement's transaction for
+/// [`Wake::AfterCommit`] when the job was inserted.
 pub(crate) async fn job_insert(
     conn: &mut PgConnection,
     job: &NewJob,
-    notify: bool,
-) -> Result<Enqueued, Error> {
+    wake: Wake,
+) -> Result<(Enqueued, Option<TxOf>), Error> {
     if job.idempotency_key.is_none() {
-        return job_insert_unkeyed(conn, job, notify).await;
+        return job_insert_unkeyed(conn, job, wake).await;
     }
     let row = bind_job(
-        sqlx::query(
+        sqlx::query(concat!(
             r#"
         WITH ins AS (
             INSERT INTO jobq.jobs
@@ -33,33 +33,43 @@ pub(crate) async fn job_insert(
             SELECT pg_notify($9, $2) FROM ins
             WHERE $9::text IS NOT NULL AND ins.run_after <= now()
         )
-        SELECT ins.id, false AS duplicate, (SELECT count(*) FROM wake) AS woke FROM ins
+        SELECT ins.id, false AS duplicate, (SELECT count(*) FROM wake) AS woke,
+               CASE WHEN $10 THEN "#,
+            database_sql!(),
+            r#" END AS tx_database,
+               CASE WHEN $10 THEN pg_current_xact_id()::text::int8 END AS tx_xid
+        FROM ins
         UNION ALL
-        SELECT j.id, true, 0 FROM jobq.jobs j
+        SELECT j.id, true, 0, NULL, NULL FROM jobq.jobs j
         WHERE $8::text IS NOT NULL AND j.kind = $1 AND j.idempotency_key = $8
           AND NOT EXISTS (SELECT 1 FROM ins)
-        "#,
-        ),
+        "#
+        )),
         job,
     )
     .bind(&job.idempotency_key)
-    .bind(notify.then_some(NOTIFY_CHANNEL))
+    .bind(wake.channel())
+    .bind(wake.after_commit())
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(row) = row {
-        return Ok(Enqueued {
+        let enqueued = Enqueued {
             id: JobId(row.try_get("id")?),
             duplicate: row.try_get("duplicate")?,
-        });
+        };
+        return Ok((enqueued, TxOf::from_row(&row)?));
     }
     // The conflicting row was committed by a concurrent transaction after this
     // statement's snapshot was taken: look again with a fresh snapshot.
     let id = job_find_by_key(conn, &job.kind, job.idempotency_key.as_deref()).await?;
     match id {
-        Some(id) => Ok(Enqueued {
-            id,
-            duplicate: true,
-        }),
+        Some(id) => Ok((
+            Enqueued {
+                id,
+                duplicate: true,
+            },
+            None,
+        )),
         None => Err(Error::invalid(
             "idempotency_conflict",
             format!(
@@ -76,12 +86,12 @@ pub(crate) async fn job_insert(
 async fn job_insert_unkeyed(
     conn: &mut PgConnection,
     job: &NewJob,
-    notify: bool,
-) -> Result<Enqueued, Error> {
+    wake: Wake,
+) -> Result<(Enqueued, Option<TxOf>), Error> {
     // The notification is the second column (pg_notify returns void, which is not NULL);
     // a select list is evaluated for every row, so it is sent exactly when asked.
     let row = bind_job(
-        sqlx::query(
+        sqlx::query(concat!(
             r#"
         WITH ins AS (
             INSERT INTO jobq.jobs (kind, queue, payload, priority, max_attempts, run_after)
@@ -91,19 +101,25 @@ async fn job_insert_unkeyed(
         )
         SELECT ins.id,
                (CASE WHEN $8::text IS NOT NULL AND ins.run_after <= now()
-                     THEN pg_notify($8, $2) END) IS NULL AS quiet
+                     THEN pg_notify($8, $2) END) IS NULL AS quiet,
+               CASE WHEN $9 THEN "#,
+            database_sql!(),
+            r#" END AS tx_database,
+               CASE WHEN $9 THEN pg_current_xact_id()::text::int8 END AS tx_xid
         FROM ins
-        "#,
-        ),
+        "#
+        )),
         job,
     )
-    .bind(notify.then_some(NOTIFY_CHANNEL))
+    .bind(wake.channel())
+    .bind(wake.after_commit())
     .fetch_one(&mut *conn)
     .await?;
-    Ok(Enqueued {
+    let enqueued = Enqueued {
         id: JobId(row.try_get("id")?),
         duplicate: false,
-    })
+    };
+    Ok((enqueued, TxOf::from_row(&row)?))
 }
 
 async fn job_find_by_key(
@@ -175,22 +191,22 @@ fn bind_columns<'q>(q: PgQuery<'q>, c: &'q Columns<'q>) -> PgQuery<'q> {
 
 /// Inserts many jobs in one statement (UNNEST), in input order; duplicates by idempotency
 /// key (against existing rows or earlier in the batch) come back with the existing id.
-/// `notify` as for [`job_insert`].
+/// `wake` as for [`job_insert`].
 pub(crate) async fn job_insert_many(
     conn: &mut PgConnection,
     jobs: &[NewJob],
-    notify: bool,
-) -> Result<Vec<Enqueued>, Error> {
+    wake: Wake,
+) -> Result<(Vec<Enqueued>, Option<TxOf>), Error> {
     if jobs.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     }
     if jobs.iter().all(|j| j.idempotency_key.is_none()) {
-        return job_insert_many_unkeyed(conn, jobs, notify).await;
+        return job_insert_many_unkeyed(conn, jobs, wake).await;
     }
     let n = jobs.len();
     let c = Columns::of(jobs);
     let rows = bind_columns(
-        sqlx::query(
+        sqlx::query(concat!(
             r#"
         WITH input AS (
             -- Ids are drawn up front so each input row knows its own; a duplicate's
@@ -219,7 +235,11 @@ pub(crate) async fn job_insert_many(
         SELECT i.ord,
                coalesce(n.id, dup.id) AS id,
                (n.id IS NULL) AS duplicate,
-               (SELECT count(*) FROM wake) AS woke
+               (SELECT count(*) FROM wake) AS woke,
+               CASE WHEN $10 AND i.ord = 1 THEN "#,
+            database_sql!(),
+            r#" END AS tx_database,
+               CASE WHEN $10 AND i.ord = 1 THEN pg_current_xact_id()::text::int8 END AS tx_xid
         FROM input i
         LEFT JOIN ins n ON n.id = i.new_id
         LEFT JOIN LATERAL (
@@ -233,14 +253,19 @@ pub(crate) async fn job_insert_many(
             ) END AS id
         ) dup ON n.id IS NULL
         ORDER BY i.ord
-        "#,
-        ),
+        "#
+        )),
         &c,
     )
     .bind(&c.keys)
-    .bind(notify.then_some(NOTIFY_CHANNEL))
+    .bind(wake.channel())
+    .bind(wake.after_commit())
     .fetch_all(&mut *conn)
     .await?;
+    let tx = match rows.first() {
+        Some(row) => TxOf::from_row(row)?,
+        None => None,
+    };
     let mut out = Vec::with_capacity(n);
     for (job, row) in jobs.iter().zip(rows) {
         let id: Option<i64> = row.try_get("id")?;
@@ -262,7 +287,7 @@ pub(crate) async fn job_insert_many(
         };
         out.push(Enqueued { id, duplicate });
     }
-    Ok(out)
+    Ok((out, tx))
 }
 
 /// `job_insert_many` for a batch in which no job has an idempotency key, the common
@@ -272,12 +297,12 @@ pub(crate) async fn job_insert_many(
 async fn job_insert_many_unkeyed(
     conn: &mut PgConnection,
     jobs: &[NewJob],
-    notify: bool,
-) -> Result<Vec<Enqueued>, Error> {
+    wake: Wake,
+) -> Result<(Vec<Enqueued>, Option<TxOf>), Error> {
     let n = jobs.len();
     let c = Columns::of(jobs);
     let rows = bind_columns(
-        sqlx::query(
+        sqlx::query(concat!(
             r#"
         WITH input AS (
             SELECT t.*, nextval('jobq.jobs_id_seq') AS new_id
@@ -299,16 +324,26 @@ async fn job_insert_many_unkeyed(
             FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q
             WHERE $8::text IS NOT NULL
         )
-        SELECT i.new_id FROM input i
+        SELECT i.new_id,
+               CASE WHEN $9 AND i.ord = 1 THEN "#,
+            database_sql!(),
+            r#" END AS tx_database,
+               CASE WHEN $9 AND i.ord = 1 THEN pg_current_xact_id()::text::int8 END AS tx_xid
+        FROM input i
         WHERE (SELECT count(*) FROM wake) >= 0
         ORDER BY i.ord
-        "#,
-        ),
+        "#
+        )),
         &c,
     )
-    .bind(notify.then_some(NOTIFY_CHANNEL))
+    .bind(wake.channel())
+    .bind(wake.after_commit())
     .fetch_all(&mut *conn)
     .await?;
+    let tx = match rows.first() {
+        Some(row) => TxOf::from_row(row)?,
+        None => None,
+    };
     let ids = rows
         .iter()
         .map(|r| r.try_get::<i64, _>("new_id"))
@@ -322,13 +357,14 @@ async fn job_insert_many_unkeyed(
             ),
         ));
     }
-    Ok(ids
+    let enqueued = ids
         .into_iter()
         .map(|id| Enqueued {
             id: JobId(id),
             duplicate: false,
         })
-        .collect())
+        .collect();
+    Ok((enqueued, tx))
 }
 
 /// A job as claimed by one attempt. `(id, attempt)` is the attempt's fencing token.

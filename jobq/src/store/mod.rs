@@ -5,6 +5,19 @@
 //! did not open, and take "now" as a parameter (`coalesce($n, now())`) where the clock
 //! matters, so tests can move time without sleeping. `None` means the database's clock.
 
+/// SQL naming the database a statement runs in: its name and the start time of its
+/// server. Two connections get the same text exactly when they reach the same database
+/// of the same running server, whatever address they came through; a restart or a
+/// failover changes it. (The cluster's system identifier would survive those, but reading
+/// it costs a read of the control file, about a tenth of an insert, and managed services
+/// may not grant it.) The time is in epoch seconds, so the session's time zone and date
+/// style do not change the text.
+macro_rules! database_sql {
+    () => {
+        "(current_database() || ' ' || extract(epoch FROM pg_postmaster_start_time())::text)"
+    };
+}
+
 mod admin;
 mod effects;
 mod jobs;
@@ -13,6 +26,7 @@ mod prune;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod wake;
 mod workers;
 
 pub(crate) use admin::*;
@@ -23,6 +37,7 @@ pub use lease::ReapReport;
 pub(crate) use lease::*;
 pub(crate) use prune::*;
 pub(crate) use stats::*;
+pub(crate) use wake::*;
 pub(crate) use workers::*;
 
 use chrono::{DateTime, Utc};
