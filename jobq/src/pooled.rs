@@ -288,8 +288,8 @@ pub(crate) fn after_commit<'q>(tx: &TxOf, queues: impl IntoIterator<Item = &'q s
             next: now + PACE,
             wait: PACE,
         };
-        // A sender waiting for an earlier look needs no wake-up now: waking it for each
-        // transaction cost one client in transactions about 5 % of its throughput.
+        // A sender waiting for an earlier look needs no wake-up now (woken for each
+        // transaction, it would cost a thread wake-up per enqueue for nothing).
         let earlier = entry.watched.iter().any(|w| w.next <= watch.next);
         entry.watched.push(watch);
         !earlier
