@@ -147,8 +147,8 @@ pub trait Job: Send + Sync + 'static {
         async move {
             let jobs = prepared?;
             let mut target = Target::open(conn, true).await?;
-            let how = target.wake();
-            let (done, tx) = store::job_insert_many(target.conn(), &jobs, how).await?;
+            let (conn, how) = target.statement();
+            let (done, tx) = store::job_insert_many(conn, &jobs, how).await?;
             let inserted = || jobs.iter().zip(&done).filter(|(_, e)| !e.duplicate);
             for (job, _) in inserted() {
                 crate::metrics::enqueued(&job.kind, &job.queue, 1);
@@ -293,8 +293,8 @@ impl<J: Job> EnqueueBuilder<J> {
         async move {
             let job = prepared?;
             let mut target = Target::open(conn, wake).await?;
-            let how = target.wake();
-            let (e, tx) = store::job_insert(target.conn(), &job, how).await?;
+            let (conn, how) = target.statement();
+            let (e, tx) = store::job_insert(conn, &job, how).await?;
             if !e.duplicate {
                 crate::metrics::enqueued(&job.kind, &job.queue, 1);
             }
@@ -358,9 +358,13 @@ enum Target<'c> {
         wake: bool,
     },
     /// On the caller's connection, usually inside their transaction: the insert
-    /// notifies, returns its transaction for a pool that routes wake-ups to watch, or
-    /// does neither.
-    Caller(&'c mut PgConnection, store::Wake),
+    /// notifies, or, if its database is among `routes`, returns its transaction for the
+    /// route to watch; or, without `wake`, does neither.
+    Caller {
+        conn: &'c mut PgConnection,
+        wake: bool,
+        routes: Vec<String>,
+    },
 }
 
 impl<'c> Target<'c> {
@@ -375,36 +379,35 @@ impl<'c> Target<'c> {
                     wake,
                 }
             }
-            Conn::Connection(conn) => {
-                let how = if !wake {
-                    store::Wake::No
-                } else if pooled::routing() {
-                    store::Wake::AfterCommit
+            Conn::Connection(conn) => Target::Caller {
+                conn,
+                wake,
+                routes: if wake {
+                    pooled::routed_databases()
                 } else {
-                    store::Wake::InStatement
-                };
-                Target::Caller(conn, how)
-            }
+                    Vec::new()
+                },
+            },
         })
     }
 
-    fn conn(&mut self) -> &mut PgConnection {
+    /// The connection for the insert statement, and how the statement wakes producers.
+    fn statement(&mut self) -> (&mut PgConnection, store::Wake<'_>) {
         match self {
-            Target::Pool { held, .. } => held,
-            Target::Caller(conn, _) => conn,
+            Target::Pool { held, .. } => (held, store::Wake::No),
+            Target::Caller { conn, wake, routes } => {
+                let how = match (*wake, routes.is_empty()) {
+                    (false, _) => store::Wake::No,
+                    (true, true) => store::Wake::InStatement,
+                    (true, false) => store::Wake::UnlessRouted(routes),
+                };
+                (conn, how)
+            }
         }
     }
 
-    /// How the insert statement wakes producers.
-    fn wake(&self) -> store::Wake {
-        match self {
-            Target::Pool { .. } => store::Wake::No,
-            Target::Caller(_, how) => *how,
-        }
-    }
-
-    /// After a successful insert in transaction `tx` of due jobs in `queues`: wakes
-    /// those queues as decided at [`Target::open`].
+    /// After a successful insert of due jobs in `queues`, which returned its transaction
+    /// `tx` if its database was routed: wakes those queues as the statement did not.
     async fn inserted<'q>(
         self,
         tx: Option<store::TxOf>,
@@ -421,19 +424,25 @@ impl<'c> Target<'c> {
                     on_pool.committed(queues);
                 }
             }
-            Target::Caller(conn, store::Wake::AfterCommit) => {
-                let queues: Vec<&str> = queues.into_iter().collect();
-                if queues.is_empty() {
+            Target::Caller { conn, .. } => {
+                // Without routes the statement notified (or was not asked to).
+                let Some(tx) = tx else {
                     return Ok(());
-                }
-                let routed = tx.is_some_and(|tx| pooled::after_commit(&tx, queues.iter().copied()));
-                if !routed {
-                    // The route went away, or serves another database: notify in the
-                    // transaction after all.
+                };
+                let Some(xid) = tx.xid else {
+                    // Not routed: the statement notified.
+                    pooled::unrouted(&tx.database);
+                    return Ok(());
+                };
+                let queues: Vec<&str> = queues.into_iter().collect();
+                if !queues.is_empty()
+                    && !pooled::after_commit(&tx.database, xid, queues.iter().copied())
+                {
+                    // The route ended since the statement: notify in the transaction
+                    // after all.
                     store::queues_notify(conn, &queues).await?;
                 }
             }
-            Target::Caller(..) => {}
         }
         Ok(())
     }

@@ -40,7 +40,7 @@ use tokio::sync::Notify;
 use tracing::debug;
 
 use crate::error::Error;
-use crate::store::{self, TxOf};
+use crate::store;
 
 /// Per-pool state, keyed by the address of the pool's options (clones of a pool share
 /// them); an entry lives while anything in it is in use.
@@ -256,22 +256,33 @@ impl Drop for WakeUpRoute {
     }
 }
 
-/// Whether any pool routes wake-ups: if none does, an insert in a transaction had better
-/// notify by itself than return its transaction for nothing.
-pub(crate) fn routing() -> bool {
-    !routes().is_empty()
+/// The databases routed now, for an insert in a transaction to compare its own with:
+/// it notifies in the transaction unless its database is among them, and then returns
+/// its transaction for [`after_commit`].
+pub(crate) fn routed_databases() -> Vec<String> {
+    routes().iter().map(|r| r.database.clone()).collect()
 }
 
-/// Hands the wake-up of `queues` to the pool routing `tx`'s database, to be sent once
-/// `tx` has committed; returns false when no pool routes it (the caller then notifies in
-/// the transaction).
-pub(crate) fn after_commit<'q>(tx: &TxOf, queues: impl IntoIterator<Item = &'q str>) -> bool {
+/// An insert in a transaction on `database` found it among no routes and notified in
+/// its transaction. If a route serves a database of the same name, its server may have
+/// restarted (the start time is part of the name): see [`recheck_namesakes`].
+pub(crate) fn unrouted(database: &str) {
+    recheck_namesakes(&mut routes(), database);
+}
+
+/// Hands the wake-up of `queues` to the pool routing `database`, to be sent once
+/// transaction `xid` has committed; returns false when no pool routes it any more (the
+/// caller then notifies in the transaction).
+pub(crate) fn after_commit<'q>(
+    database: &str,
+    xid: i64,
+    queues: impl IntoIterator<Item = &'q str>,
+) -> bool {
     let mut queues: Vec<String> = queues.into_iter().map(str::to_owned).collect();
     queues.sort_unstable();
     queues.dedup();
-    let mut routes = routes();
-    let Some(route) = routes.iter().find(|r| r.database == tx.database) else {
-        recheck_namesakes(&mut routes, &tx.database);
+    let routes = routes();
+    let Some(route) = routes.iter().find(|r| r.database == database) else {
         return false;
     };
     if queues.is_empty() {
@@ -282,7 +293,7 @@ pub(crate) fn after_commit<'q>(tx: &TxOf, queues: impl IntoIterator<Item = &'q s
     let now = Instant::now();
     request(&pool, |entry| {
         let watch = Watch {
-            xid: tx.xid,
+            xid,
             queues,
             since: now,
             next: now + PACE,
@@ -299,7 +310,8 @@ pub(crate) fn after_commit<'q>(tx: &TxOf, queues: impl IntoIterator<Item = &'q s
 
 /// A transaction found no route, but some route serves a database of the same name:
 /// its server may have restarted (the start time is part of the name), so those routes
-/// ask again, each at most once per [`ROUTE_RECHECK`].
+/// ask again, each at most once per [`ROUTE_RECHECK`] (a process routing a database of
+/// the same name on another server asks that often for nothing).
 fn recheck_namesakes(serving: &mut [Route], database: &str) {
     let name = |d: &str| d.rsplit_once(' ').map_or(d, |(n, _)| n).to_owned();
     let wanted = name(database);

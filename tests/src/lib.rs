@@ -185,17 +185,63 @@ impl jobq::Job for Idle {
     }
 }
 
+/// A job nobody runs, with an idempotency key (its number): for the keyed inserts.
+#[derive(Debug)]
+pub struct IdleKeyed;
+
+impl jobq::Job for IdleKeyed {
+    const KIND: &'static str = "idle_keyed";
+    type Args = N;
+    type Error = jobq::JobError;
+    fn idempotency_key(args: &N) -> Option<String> {
+        Some(args.n.to_string())
+    }
+    async fn run(_ctx: jobq::JobContext, _args: N) -> Result<(), jobq::JobError> {
+        Ok(())
+    }
+}
+
+/// Which insert statement [`woken_in_transaction_by`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Insert {
+    /// One job without a key.
+    One,
+    /// One job with an idempotency key.
+    OneKeyed,
+    /// A batch without keys.
+    Many,
+    /// A batch with idempotency keys.
+    ManyKeyed,
+}
+
 /// Enqueues a job in a transaction on `pool` and waits (5 s at most) for its wake-up;
 /// returns the pid of the backend that sent it and that of the transaction's, equal when
 /// the wake-up was notified inside the transaction.
 pub async fn woken_in_transaction(pool: &sqlx::PgPool) -> anyhow::Result<(i32, i32)> {
+    woken_in_transaction_by(pool, Insert::One).await
+}
+
+/// [`woken_in_transaction`] through each insert statement.
+pub async fn woken_in_transaction_by(
+    pool: &sqlx::PgPool,
+    insert: Insert,
+) -> anyhow::Result<(i32, i32)> {
     use jobq::Job;
+    static KEYS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+    let key = || N {
+        n: KEYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    };
     let mut listener = listen_for_wake_ups(pool).await?;
     let mut tx = pool.begin().await?;
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut *tx)
         .await?;
-    Idle::enqueue(&mut tx, N { n: 0 }).await?;
+    match insert {
+        Insert::One => drop(Idle::enqueue(&mut tx, N { n: 0 }).await?),
+        Insert::OneKeyed => drop(IdleKeyed::enqueue(&mut tx, key()).await?),
+        Insert::Many => drop(Idle::enqueue_many(&mut *tx, [N { n: 0 }, N { n: 1 }]).await?),
+        Insert::ManyKeyed => drop(IdleKeyed::enqueue_many(&mut *tx, [key(), key()]).await?),
+    }
     tx.commit().await?;
     let (_, from) = next_wake_up(&mut listener, Duration::from_secs(5))
         .await

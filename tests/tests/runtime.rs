@@ -10,7 +10,10 @@ use chrono::{DateTime, Utc};
 use jobq::{Job, JobContext, JobError, RetryPolicy, Runtime};
 use jobq_testing::TestDatabase;
 use sqlx::PgPool;
-use tests::{N, eventually, init_tracing, listen_for_wake_ups, next_wake_up, woken_in_transaction};
+use tests::{
+    Insert, N, eventually, init_tracing, listen_for_wake_ups, next_wake_up, woken_in_transaction,
+    woken_in_transaction_by,
+};
 
 /// Records every execution in a side table, so a test can count executions per job.
 struct Record;
@@ -1274,13 +1277,24 @@ async fn a_route_serves_its_own_database_and_ends_with_its_guard() -> anyhow::Re
     let route = jobq::route_wake_ups(&routed.new_pool(2).await?).await?;
     assert!(format!("{route:?}").contains(routed.name()), "{route:?}");
 
-    let (from, tx) = woken_in_transaction(routed.pool()).await?;
-    assert_ne!(
-        from, tx,
-        "routed: sent after the commit by the route's pool"
-    );
-    let (from, tx) = woken_in_transaction(other.pool()).await?;
-    assert_eq!(from, tx, "another database: notified in the transaction");
+    // Each of the four insert statements, routed and not.
+    for insert in [
+        Insert::One,
+        Insert::OneKeyed,
+        Insert::Many,
+        Insert::ManyKeyed,
+    ] {
+        let (from, tx) = woken_in_transaction_by(routed.pool(), insert).await?;
+        assert_ne!(
+            from, tx,
+            "{insert:?} routed: sent after the commit by the route"
+        );
+        let (from, tx) = woken_in_transaction_by(other.pool(), insert).await?;
+        assert_eq!(
+            from, tx,
+            "{insert:?} on another database: notified in the transaction"
+        );
+    }
     drop(route);
     let (from, tx) = woken_in_transaction(routed.pool()).await?;
     assert_eq!(from, tx, "route ended: notified in the transaction");

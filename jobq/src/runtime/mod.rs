@@ -154,7 +154,9 @@ impl RuntimeBuilder {
     }
 
     /// Whether to LISTEN for enqueue notifications (default `true`); without it, jobs are
-    /// found by polling only.
+    /// found by polling only. While it listens, the runtime also routes the wake-ups of
+    /// this process's enqueues in transactions on its pool's database (see
+    /// [`route_wake_ups`](crate::route_wake_ups)).
     pub fn listen(mut self, yes: bool) -> Self {
         self.listen = yes;
         self

@@ -8,12 +8,12 @@ use crate::error::{Disposition, Error};
 use crate::job::{Enqueued, JobId};
 
 /// Inserts one job, absorbing a duplicate idempotency key, and wakes its queue's
-/// producers as `wake` says; returns the statement's transaction for
-/// [`Wake::AfterCommit`] when the job was inserted.
+/// producers as `wake` says; returns the statement's transaction when the job was
+/// inserted and routes were given (see [`Wake::UnlessRouted`]).
 pub(crate) async fn job_insert(
     conn: &mut PgConnection,
     job: &NewJob,
-    wake: Wake,
+    wake: Wake<'_>,
 ) -> Result<(Enqueued, Option<TxOf>), Error> {
     if job.idempotency_key.is_none() {
         return job_insert_unkeyed(conn, job, wake).await;
@@ -29,16 +29,17 @@ pub(crate) async fn job_insert(
             ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING id, run_after
         ),
+        "#,
+            here_sql!("$10"),
+            r#",
         wake AS (
-            SELECT pg_notify($9, $2) FROM ins
-            WHERE $9::text IS NOT NULL AND ins.run_after <= now()
+            SELECT pg_notify($9, $2) FROM ins, here
+            WHERE $9::text IS NOT NULL AND ins.run_after <= now() AND NOT here.routed
         )
         SELECT ins.id, false AS duplicate, (SELECT count(*) FROM wake) AS woke,
-               CASE WHEN $10 THEN "#,
-            database_sql!(),
-            r#" END AS tx_database,
-               CASE WHEN $10 THEN pg_current_xact_id()::text::int8 END AS tx_xid
-        FROM ins
+               here.db AS tx_database,
+               CASE WHEN here.routed THEN pg_current_xact_id()::text::int8 END AS tx_xid
+        FROM ins, here
         UNION ALL
         SELECT j.id, true, 0, NULL, NULL FROM jobq.jobs j
         WHERE $8::text IS NOT NULL AND j.kind = $1 AND j.idempotency_key = $8
@@ -49,7 +50,7 @@ pub(crate) async fn job_insert(
     )
     .bind(&job.idempotency_key)
     .bind(wake.channel())
-    .bind(wake.after_commit())
+    .bind(wake.routes())
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(row) = row {
@@ -86,7 +87,7 @@ pub(crate) async fn job_insert(
 async fn job_insert_unkeyed(
     conn: &mut PgConnection,
     job: &NewJob,
-    wake: Wake,
+    wake: Wake<'_>,
 ) -> Result<(Enqueued, Option<TxOf>), Error> {
     // The notification is the second column (pg_notify returns void, which is not NULL);
     // a select list is evaluated for every row, so it is sent exactly when asked.
@@ -98,21 +99,22 @@ async fn job_insert_unkeyed(
             VALUES ($1, $2, $3::text::jsonb, $4, $5,
                     coalesce($6, now() + make_interval(secs => coalesce($7, 0))))
             RETURNING id, run_after
-        )
+        ),
+        "#,
+            here_sql!("$9"),
+            r#"
         SELECT ins.id,
-               (CASE WHEN $8::text IS NOT NULL AND ins.run_after <= now()
+               (CASE WHEN $8::text IS NOT NULL AND ins.run_after <= now() AND NOT here.routed
                      THEN pg_notify($8, $2) END) IS NULL AS quiet,
-               CASE WHEN $9 THEN "#,
-            database_sql!(),
-            r#" END AS tx_database,
-               CASE WHEN $9 THEN pg_current_xact_id()::text::int8 END AS tx_xid
-        FROM ins
+               here.db AS tx_database,
+               CASE WHEN here.routed THEN pg_current_xact_id()::text::int8 END AS tx_xid
+        FROM ins, here
         "#
         )),
         job,
     )
     .bind(wake.channel())
-    .bind(wake.after_commit())
+    .bind(wake.routes())
     .fetch_one(&mut *conn)
     .await?;
     let enqueued = Enqueued {
@@ -195,7 +197,7 @@ fn bind_columns<'q>(q: PgQuery<'q>, c: &'q Columns<'q>) -> PgQuery<'q> {
 pub(crate) async fn job_insert_many(
     conn: &mut PgConnection,
     jobs: &[NewJob],
-    wake: Wake,
+    wake: Wake<'_>,
 ) -> Result<(Vec<Enqueued>, Option<TxOf>), Error> {
     if jobs.is_empty() {
         return Ok((Vec::new(), None));
@@ -227,20 +229,23 @@ pub(crate) async fn job_insert_many(
             ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING id, kind, idempotency_key, queue, run_after
         ),
+        "#,
+            here_sql!("$10"),
+            r#",
         wake AS (
             SELECT pg_notify($9, q.queue)
-            FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q
-            WHERE $9::text IS NOT NULL
+            FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q, here
+            WHERE $9::text IS NOT NULL AND NOT here.routed
         )
         SELECT i.ord,
                coalesce(n.id, dup.id) AS id,
                (n.id IS NULL) AS duplicate,
                (SELECT count(*) FROM wake) AS woke,
-               CASE WHEN $10 AND i.ord = 1 THEN "#,
-            database_sql!(),
-            r#" END AS tx_database,
-               CASE WHEN $10 AND i.ord = 1 THEN pg_current_xact_id()::text::int8 END AS tx_xid
+               CASE WHEN i.ord = 1 THEN here.db END AS tx_database,
+               CASE WHEN here.routed AND i.ord = 1
+                    THEN pg_current_xact_id()::text::int8 END AS tx_xid
         FROM input i
+        CROSS JOIN here
         LEFT JOIN ins n ON n.id = i.new_id
         LEFT JOIN LATERAL (
             -- The CASE keeps the planner from scanning `ins` once per unkeyed row
@@ -259,7 +264,7 @@ pub(crate) async fn job_insert_many(
     )
     .bind(&c.keys)
     .bind(wake.channel())
-    .bind(wake.after_commit())
+    .bind(wake.routes())
     .fetch_all(&mut *conn)
     .await?;
     let tx = match rows.first() {
@@ -297,7 +302,7 @@ pub(crate) async fn job_insert_many(
 async fn job_insert_many_unkeyed(
     conn: &mut PgConnection,
     jobs: &[NewJob],
-    wake: Wake,
+    wake: Wake<'_>,
 ) -> Result<(Vec<Enqueued>, Option<TxOf>), Error> {
     let n = jobs.len();
     let c = Columns::of(jobs);
@@ -319,17 +324,19 @@ async fn job_insert_many_unkeyed(
             FROM input
             RETURNING queue, run_after
         ),
+        "#,
+            here_sql!("$9"),
+            r#",
         wake AS (
             SELECT pg_notify($8, q.queue)
-            FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q
-            WHERE $8::text IS NOT NULL
+            FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q, here
+            WHERE $8::text IS NOT NULL AND NOT here.routed
         )
         SELECT i.new_id,
-               CASE WHEN $9 AND i.ord = 1 THEN "#,
-            database_sql!(),
-            r#" END AS tx_database,
-               CASE WHEN $9 AND i.ord = 1 THEN pg_current_xact_id()::text::int8 END AS tx_xid
-        FROM input i
+               CASE WHEN i.ord = 1 THEN here.db END AS tx_database,
+               CASE WHEN here.routed AND i.ord = 1
+                    THEN pg_current_xact_id()::text::int8 END AS tx_xid
+        FROM input i, here
         WHERE (SELECT count(*) FROM wake) >= 0
         ORDER BY i.ord
         "#
@@ -337,7 +344,7 @@ async fn job_insert_many_unkeyed(
         &c,
     )
     .bind(wake.channel())
-    .bind(wake.after_commit())
+    .bind(wake.routes())
     .fetch_all(&mut *conn)
     .await?;
     let tx = match rows.first() {

@@ -18,6 +18,24 @@ macro_rules! database_sql {
     };
 }
 
+/// The CTE `here(db, routed)` of an insert whose wake-up is sent after the commit when
+/// its database is among the routed ones, bound as a `text[]` at `$routes` (NULL: none):
+/// `db` names the database as [`database_sql!`] does (NULL without routes), `routed`
+/// says whether it is among them. One row, always.
+macro_rules! here_sql {
+    ($routes:literal) => {
+        concat!(
+            "here AS (SELECT d.db, coalesce(d.db = ANY(",
+            $routes,
+            "::text[]), false) AS routed FROM (SELECT CASE WHEN ",
+            $routes,
+            "::text[] IS NOT NULL THEN ",
+            database_sql!(),
+            " END AS db) d)"
+        )
+    };
+}
+
 mod admin;
 mod effects;
 mod jobs;

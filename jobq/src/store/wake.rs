@@ -8,46 +8,52 @@ use crate::error::Error;
 
 /// How an insert wakes the producers of the queues it inserted due jobs into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Wake {
+pub(crate) enum Wake<'a> {
     /// It does not: the caller wakes them after the commit, or nobody does.
     No,
     /// The statement notifies; PostgreSQL delivers the notification when the
     /// transaction commits, and folds a transaction's identical ones into one.
     InStatement,
-    /// The statement returns its transaction ([`TxOf`]), for a wake-up sent once that
-    /// transaction has committed.
-    AfterCommit,
+    /// As [`Wake::InStatement`], unless the statement's database is one of these (as
+    /// [`database_sql!`] names them): then it does not notify, and returns its
+    /// transaction ([`TxOf`]) for a wake-up sent once that transaction has committed.
+    UnlessRouted(&'a [String]),
 }
 
-impl Wake {
-    /// The channel to bind for the statement's own notification, if it sends one.
+impl<'a> Wake<'a> {
+    /// The channel to bind for the statement's own notification, if it may send one.
     pub(crate) fn channel(self) -> Option<&'static str> {
-        (self == Wake::InStatement).then_some(NOTIFY_CHANNEL)
+        match self {
+            Wake::No => None,
+            Wake::InStatement | Wake::UnlessRouted(_) => Some(NOTIFY_CHANNEL),
+        }
     }
 
-    /// Whether the statement returns its transaction.
-    pub(crate) fn after_commit(self) -> bool {
-        self == Wake::AfterCommit
+    /// The routed databases to bind (`NULL`: none).
+    pub(crate) fn routes(self) -> Option<&'a [String]> {
+        match self {
+            Wake::UnlessRouted(routes) => Some(routes),
+            Wake::No | Wake::InStatement => None,
+        }
     }
 }
 
-/// The transaction an insert ran in, as returned for [`Wake::AfterCommit`].
+/// Where an insert given routes ([`Wake::UnlessRouted`]) ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TxOf {
     /// The database, as [`database_sql!`] names it.
     pub(crate) database: String,
-    /// The transaction's id (a 64-bit `xid8`; it does not wrap around).
-    pub(crate) xid: i64,
+    /// The transaction's id (a 64-bit `xid8`; it does not wrap around) when the database
+    /// was among the routes, so that the statement did not notify.
+    pub(crate) xid: Option<i64>,
 }
 
 impl TxOf {
-    /// The `database` and `xid` columns of an insert's row, when it returned them.
+    /// The `tx_database` and `tx_xid` columns of an insert's row.
     pub(crate) fn from_row(row: &sqlx::postgres::PgRow) -> Result<Option<TxOf>, Error> {
         let database: Option<String> = row.try_get("tx_database")?;
         let xid: Option<i64> = row.try_get("tx_xid")?;
-        Ok(database
-            .zip(xid)
-            .map(|(database, xid)| TxOf { database, xid }))
+        Ok(database.map(|database| TxOf { database, xid }))
     }
 }
 
