@@ -95,7 +95,7 @@ pub(crate) async fn committed_notify(
     // notify); PostgreSQL folds a transaction's identical notifications, so a queue
     // named twice wakes once. One aggregate row, so the notifications are sent however
     // many rows there are. (Deduplicating with DISTINCT, a join and a UNION first cost
-    // a fifth more per statement.)
+    // a sixth more per statement.)
     let xids: Vec<Option<i64>> = queues
         .iter()
         .map(|_| None)
