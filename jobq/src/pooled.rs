@@ -211,10 +211,7 @@ pub async fn route_wake_ups(pool: &PgPool) -> Result<WakeUpRoute, Error> {
         .connect_lazy_with(PgConnectOptions::clone(&pool.connect_options()));
     // Asking through the route's own pool opens its connection now, not with the first
     // wake-up; the pool keeps it while idle.
-    let database = {
-        let mut conn = own.acquire().await?;
-        store::database_of(&mut conn).await?
-    };
+    let database = store::database_of(&own).await?;
     let id = NEXT_ROUTE.fetch_add(1, Ordering::Relaxed);
     routes().push(Route {
         id,
@@ -325,11 +322,7 @@ fn recheck_namesakes(serving: &mut [Route], database: &str) {
         route.rechecked = Some(Instant::now());
         let (id, pool) = (route.id, route.pool.clone());
         rt.spawn(async move {
-            let database = match pool.acquire().await {
-                Ok(mut conn) => store::database_of(&mut conn).await,
-                Err(e) => Err(e.into()),
-            };
-            match database {
+            match store::database_of(&pool).await {
                 Ok(database) => {
                     if let Some(r) = routes().iter_mut().find(|r| r.id == id) {
                         r.database = database;

@@ -1,7 +1,7 @@
 //! Statements that wake producers apart from the insert that made their jobs: the
 //! wake-ups sent after a commit (see [`crate::pooled`]).
 
-use sqlx::{PgConnection, Row};
+use sqlx::{PgConnection, PgPool, Row};
 
 use super::NOTIFY_CHANNEL;
 use crate::error::Error;
@@ -57,11 +57,11 @@ impl TxOf {
     }
 }
 
-/// The database `conn` is connected to, as [`database_sql!`] names it.
-pub(crate) async fn database_of(conn: &mut PgConnection) -> Result<String, Error> {
+/// The database `pool` connects to, as [`database_sql!`] names it.
+pub(crate) async fn database_of(pool: &PgPool) -> Result<String, Error> {
     Ok(
         sqlx::query_scalar(concat!("SELECT ", database_sql!(), " AS database"))
-            .fetch_one(conn)
+            .fetch_one(pool)
             .await?,
     )
 }
