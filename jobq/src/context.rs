@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::job::{Conn, JobId};
+use crate::job::JobId;
 use crate::store;
 
 /// The context of one attempt: its job's identity, its attempt number, a cancellation
@@ -35,6 +35,8 @@ struct Inner {
     kind: String,
     queue: String,
     attempt: u32,
+    /// The claim's lease generation: with the id, the fencing token of every write.
+    fence: i64,
     max_attempts: u32,
     created_at: Option<DateTime<Utc>>,
     cancel: CancellationToken,
@@ -46,7 +48,11 @@ struct Inner {
 /// the runtime's watchdog enforces. Absent for a detached context.
 #[derive(Clone)]
 pub(crate) struct AttemptLease {
+    /// The application's pool, handed to the handler ([`JobContext::pool`]).
     pub(crate) pool: PgPool,
+    /// jobq's own pool, for the attempt's own writes (lease extensions), so they never
+    /// wait for a connection the application holds.
+    pub(crate) own: PgPool,
     pub(crate) lease: Duration,
     /// When this process must consider the lease lost, by its monotonic clock: the send
     /// time of the last successful extension plus the lease. The database's own expiry
@@ -74,6 +80,7 @@ pub(crate) struct ContextParts {
     pub(crate) kind: String,
     pub(crate) queue: String,
     pub(crate) attempt: u32,
+    pub(crate) fence: i64,
     pub(crate) max_attempts: u32,
     pub(crate) created_at: Option<DateTime<Utc>>,
     pub(crate) cancel: CancellationToken,
@@ -114,6 +121,7 @@ impl JobContext {
                 kind: p.kind,
                 queue: p.queue,
                 attempt: p.attempt,
+                fence: p.fence,
                 max_attempts: p.max_attempts,
                 created_at: p.created_at,
                 cancel: p.cancel,
@@ -135,6 +143,7 @@ impl JobContext {
             kind: kind.into(),
             queue: "default".to_owned(),
             attempt: 1,
+            fence: 0,
             max_attempts: 1,
             created_at: None,
             cancel: CancellationToken::new(),
@@ -262,6 +271,10 @@ impl JobContext {
     /// transaction and commit. `false`: this effect already happened (an earlier attempt
     /// committed it), skip it.
     ///
+    /// Only a transaction is accepted (see [`InTransaction`]): outside one, the ledger row
+    /// and the effect would commit separately. The fence check locks the job's row until
+    /// the transaction ends, so no rescue can slip in between the check and the commit.
+    ///
     /// ```no_run
     /// # async fn f(ctx: jobq::JobContext, pool: sqlx::PgPool) -> Result<(), jobq::Error> {
     /// let mut tx = pool.begin().await?;
@@ -278,34 +291,31 @@ impl JobContext {
     ///
     /// [`Error::LeaseLost`] if this attempt no longer holds its job (roll back: a newer
     /// attempt owns the job now); [`Error::Database`] on a database error.
-    pub async fn effect_once<'c>(
-        &self,
-        conn: impl Into<Conn<'c>>,
-        key: &str,
-    ) -> Result<bool, Error> {
-        let mut conn = conn.into().acquire().await?;
-        let (id, attempt) = self.fence();
-        if self.inner.lease.is_some() && !store::job_fence_check(&mut conn, id, attempt).await? {
+    pub async fn effect_once(&self, mut tx: impl InTransaction, key: &str) -> Result<bool, Error> {
+        let conn = tx.connection();
+        let (id, fence) = self.fence();
+        if self.inner.lease.is_some() && !store::job_fence_check(conn, id, fence).await? {
             return Err(self.lease_lost());
         }
-        store::effect_record(&mut conn, key, id, attempt).await
+        let attempt = i32::try_from(self.inner.attempt).unwrap_or(i32::MAX);
+        store::effect_record(conn, key, id, attempt).await
     }
 
     /// Marks the job `done` inside the caller's transaction, so a database side effect and
     /// the job's completion commit, or vanish, together. The runtime's own completion
-    /// after the handler returns then finds the job done and leaves it.
+    /// after the handler returns then finds the job done and leaves it. Only a
+    /// transaction is accepted (see [`InTransaction`]).
     ///
     /// # Errors
     ///
     /// [`Error::LeaseLost`] if this attempt no longer holds its job (roll back);
     /// [`Error::Database`] on a database error.
-    pub async fn complete_in_tx<'c>(&self, conn: impl Into<Conn<'c>>) -> Result<(), Error> {
+    pub async fn complete_in_tx(&self, mut tx: impl InTransaction) -> Result<(), Error> {
         if self.inner.lease.is_none() {
             return Ok(());
         }
-        let mut conn = conn.into().acquire().await?;
-        let (id, attempt) = self.fence();
-        if store::job_complete_in_tx(&mut conn, id, attempt).await? {
+        let (id, fence) = self.fence();
+        if store::job_complete_in_tx(tx.connection(), id, fence).await? {
             Ok(())
         } else {
             Err(self.lease_lost())
@@ -323,9 +333,9 @@ impl JobContext {
             return Ok(());
         };
         let sent = Instant::now();
-        let (id, attempt) = self.fence();
-        let mut conn = l.pool.acquire().await?;
-        if store::lease_extend_one(&mut conn, id, attempt, lease.as_secs_f64()).await? {
+        let (id, fence) = self.fence();
+        let mut conn = l.own.acquire().await?;
+        if store::lease_extend_one(&mut conn, id, fence, lease.as_secs_f64()).await? {
             l.deadline.send_if_modified(|d| {
                 let new = sent + lease;
                 if new > *d {
@@ -347,16 +357,49 @@ impl JobContext {
         self.inner.cancel.clone().drop_guard()
     }
 
-    /// The fencing token `(id, attempt)` every write of this attempt carries.
-    fn fence(&self) -> (i64, i32) {
-        (
-            self.inner.id.0,
-            i32::try_from(self.inner.attempt).unwrap_or(i32::MAX),
-        )
+    /// The fencing token `(id, lease generation)` every write of this attempt carries.
+    fn fence(&self) -> (i64, i64) {
+        (self.inner.id.0, self.inner.fence)
     }
 
     fn lease_lost(&self) -> Error {
-        let (id, attempt) = self.fence();
-        Error::LeaseLost { id, attempt }
+        Error::LeaseLost {
+            id: self.inner.id.0,
+            attempt: i32::try_from(self.inner.attempt).unwrap_or(i32::MAX),
+        }
     }
+}
+
+/// The caller's transaction, the only thing [`JobContext::effect_once`] and
+/// [`JobContext::complete_in_tx`] accept: `&mut tx` for a `sqlx::Transaction` of
+/// PostgreSQL. A pool or a bare connection would autocommit the ledger row (or the
+/// completion) on its own, apart from the effect it vouches for, and exactly-once would be
+/// silently lost; so they do not compile.
+///
+/// ```compile_fail
+/// # async fn f(ctx: jobq::JobContext, pool: sqlx::PgPool) -> Result<(), jobq::Error> {
+/// ctx.effect_once(&pool, "k").await?; // error: `&Pool<Postgres>` is not a transaction
+/// # Ok(()) }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a transaction: the effect ledger and complete-in-transaction only work inside the caller's transaction",
+    label = "pass `&mut tx` here, from `let mut tx = pool.begin().await?`",
+    note = "outside a transaction the ledger row (or the completion) would commit apart from the effect it vouches for, and exactly-once would be lost"
+)]
+pub trait InTransaction: sealed::Sealed {
+    /// The transaction's connection.
+    #[doc(hidden)]
+    fn connection(&mut self) -> &mut PgConnection;
+}
+
+impl InTransaction for &mut Transaction<'_, Postgres> {
+    fn connection(&mut self) -> &mut PgConnection {
+        self
+    }
+}
+
+#[allow(unreachable_pub)]
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for &mut sqlx::Transaction<'_, sqlx::Postgres> {}
 }

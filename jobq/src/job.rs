@@ -338,7 +338,15 @@ impl<J: Job> EnqueueBuilder<J> {
             queue: self.queue.clone().unwrap_or_else(|| J::QUEUE.to_owned()),
             payload,
             priority: self.priority,
-            max_attempts: i32::try_from(max_attempts).unwrap_or(i32::MAX),
+            max_attempts: i32::try_from(max_attempts).map_err(|_| {
+                Error::invalid(
+                    "invalid_max_attempts",
+                    format!(
+                        "max_attempts must be at most {}, got {max_attempts}",
+                        i32::MAX
+                    ),
+                )
+            })?,
             run_after: self.run_after,
             delay_secs: self.delay.map(|d| d.as_secs_f64()),
             idempotency_key,
@@ -487,40 +495,5 @@ impl<'c> From<&'c mut Transaction<'_, Postgres>> for Conn<'c> {
 impl<'c> From<&'c mut PoolConnection<Postgres>> for Conn<'c> {
     fn from(conn: &'c mut PoolConnection<Postgres>) -> Self {
         Conn::Connection(&mut *conn)
-    }
-}
-
-impl<'c> Conn<'c> {
-    /// The connection to run on: the one given, or one acquired from the pool.
-    pub(crate) async fn acquire(self) -> Result<HeldConn<'c>, sqlx::Error> {
-        match self {
-            Conn::Pool(pool) => Ok(HeldConn::Owned(pool.acquire().await?)),
-            Conn::Connection(conn) => Ok(HeldConn::Borrowed(conn)),
-        }
-    }
-}
-
-/// A connection for one jobq call: owned when it came from a pool.
-pub(crate) enum HeldConn<'c> {
-    Owned(PoolConnection<Postgres>),
-    Borrowed(&'c mut PgConnection),
-}
-
-impl std::ops::Deref for HeldConn<'_> {
-    type Target = PgConnection;
-    fn deref(&self) -> &PgConnection {
-        match self {
-            HeldConn::Owned(c) => c,
-            HeldConn::Borrowed(c) => c,
-        }
-    }
-}
-
-impl std::ops::DerefMut for HeldConn<'_> {
-    fn deref_mut(&mut self) -> &mut PgConnection {
-        match self {
-            HeldConn::Owned(c) => c,
-            HeldConn::Borrowed(c) => c,
-        }
     }
 }

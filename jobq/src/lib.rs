@@ -68,7 +68,7 @@ mod runtime;
 pub mod stats;
 mod store;
 
-pub use context::JobContext;
+pub use context::{InTransaction, JobContext};
 pub use error::{Classification, Classify, Disposition, Error, JobError};
 pub use job::{
     Conn, EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN,

@@ -34,6 +34,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "operations",
         sql: include_str!("../migrations/0002_operations.sql"),
     },
+    Migration {
+        version: 3,
+        name: "fencing",
+        sql: include_str!("../migrations/0003_fencing.sql"),
+    },
 ];
 
 /// An advisory-lock key only jobq's migrations use ("jobq" in ASCII).

@@ -677,7 +677,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ),
                     ("first failed", time(j.first_failed_at)),
                     ("last failed", time(j.last_failed_at)),
-                    ("payload", j.payload.to_string()),
+                    ("payload", j.payload_text.clone()),
                 ];
                 for (k, v) in fields {
                     println!("{k:<17} {v}");

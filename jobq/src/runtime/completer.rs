@@ -19,16 +19,16 @@ use crate::store::{self, FailParams, FenceResult};
 /// The most outcomes one flush writes.
 const MAX_BATCH: usize = 1000;
 
-/// An outcome to write for attempt `(id, attempt)`.
+/// An outcome to write for the attempt fenced by `(id, fence)` (its lease generation).
 #[derive(Debug, Clone)]
 pub(crate) enum Write {
     Complete {
         id: i64,
-        attempt: i32,
+        fence: i64,
     },
     Fail {
         id: i64,
-        attempt: i32,
+        fence: i64,
         disposition: Disposition,
         code: String,
         message: String,
@@ -36,16 +36,16 @@ pub(crate) enum Write {
     },
     HandBack {
         id: i64,
-        attempt: i32,
+        fence: i64,
     },
 }
 
 impl Write {
-    fn fence(&self) -> (i64, i32) {
+    fn fence(&self) -> (i64, i64) {
         match self {
-            Write::Complete { id, attempt }
-            | Write::Fail { id, attempt, .. }
-            | Write::HandBack { id, attempt } => (*id, *attempt),
+            Write::Complete { id, fence }
+            | Write::Fail { id, fence, .. }
+            | Write::HandBack { id, fence } => (*id, *fence),
         }
     }
 }
@@ -69,8 +69,8 @@ pub(crate) async fn write_one(
     now: Option<DateTime<Utc>>,
 ) -> Result<Written, Error> {
     match write {
-        Write::Complete { id, attempt } => {
-            let r = store::job_complete_many(conn, &[(*id, *attempt)], now).await?;
+        Write::Complete { id, fence } => {
+            let r = store::job_complete_many(conn, &[(*id, *fence)], now).await?;
             Ok(match r.first() {
                 Some(FenceResult::Applied) => Written::Applied(Some("done".to_owned())),
                 Some(FenceResult::AlreadyDone) => Written::AlreadyDone,
@@ -79,7 +79,7 @@ pub(crate) async fn write_one(
         }
         Write::Fail {
             id,
-            attempt,
+            fence,
             disposition,
             code,
             message,
@@ -89,7 +89,7 @@ pub(crate) async fn write_one(
                 conn,
                 &FailParams {
                     id: *id,
-                    attempt: *attempt,
+                    fence: *fence,
                     disposition: *disposition,
                     code,
                     message,
@@ -103,8 +103,8 @@ pub(crate) async fn write_one(
                 None => Written::Stale,
             })
         }
-        Write::HandBack { id, attempt } => {
-            if store::job_hand_back(conn, *id, *attempt).await? {
+        Write::HandBack { id, fence } => {
+            if store::job_hand_back(conn, *id, *fence).await? {
                 Ok(Written::Applied(None))
             } else {
                 Ok(Written::Stale)
@@ -250,7 +250,7 @@ async fn flush(conns: &Spares, mut batch: Vec<Request>) {
         .drain(..)
         .partition(|r| matches!(r.write, Write::Complete { .. }));
     if !completes.is_empty() {
-        let fences: Vec<(i64, i32)> = completes.iter().map(|r| r.write.fence()).collect();
+        let fences: Vec<(i64, i64)> = completes.iter().map(|r| r.write.fence()).collect();
         let results = with_retry("complete", || async {
             let mut conn = conns.take().await?;
             let results = store::job_complete_many(&mut conn, &fences, None).await?;
@@ -289,17 +289,17 @@ async fn flush(conns: &Spares, mut batch: Vec<Request>) {
 }
 
 fn report(write: &Write, written: &Written) {
-    let (id, attempt) = write.fence();
+    let (id, fence) = write.fence();
     match written {
         Written::Stale => warn!(
             job.id = id,
-            job.attempt = attempt,
+            job.fence = fence,
             "stale write ignored: this attempt no longer holds the job (its lease expired and the job was rescued, claimed again or changed by an operator)"
         ),
         Written::AlreadyDone => {
             debug!(
                 job.id = id,
-                job.attempt = attempt,
+                job.fence = fence,
                 "job was completed in its own transaction"
             )
         }

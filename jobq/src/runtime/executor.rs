@@ -61,7 +61,7 @@ impl Failure {
 pub(crate) async fn execute<I>(
     handler: &JobHandler,
     ctx: JobContext,
-    payload: serde_json::Value,
+    payload: String,
     interrupt: I,
 ) -> AttemptOutcome
 where
@@ -139,7 +139,7 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 /// ```
 pub async fn run_attempt<J: Job>(ctx: JobContext, payload: serde_json::Value) -> AttemptOutcome {
     let handler = JobHandler::of::<J>();
-    execute(&handler, ctx, payload, std::future::pending()).await
+    execute(&handler, ctx, payload.to_string(), std::future::pending()).await
 }
 
 /// Everything one attempt in the running runtime needs besides its job.
@@ -209,7 +209,7 @@ pub(crate) async fn run_claimed(
             // Claims name only served kinds, so this cannot happen; fail loudly anyway.
             let write = super::completer::Write::Fail {
                 id: job.id,
-                attempt: job.attempt,
+                fence: job.fence,
                 disposition: crate::error::Disposition::Permanent,
                 code: "unknown_kind".to_owned(),
                 message: format!("no handler for kind `{}` in this worker", job.kind),
@@ -229,7 +229,7 @@ pub(crate) async fn run_claimed(
         env.running.insert(
             job.id,
             super::lease::Running {
-                attempt: job.attempt,
+                fence: job.fence,
                 lease,
                 deadline: deadline.clone(),
                 cancel: cancel.clone(),
@@ -340,11 +340,13 @@ pub(crate) fn attempt_context(
         kind: job.kind.clone(),
         queue: job.queue.clone(),
         attempt: u32::try_from(job.attempt).unwrap_or(0),
+        fence: job.fence,
         max_attempts: u32::try_from(job.max_attempts).unwrap_or(0),
         created_at: Some(job.created_at),
         cancel,
         lease: Some(crate::context::AttemptLease {
             pool: config.pool.clone(),
+            own: config.own.clone(),
             lease,
             deadline,
         }),
@@ -359,11 +361,11 @@ pub(crate) fn outcome_write(
     outcome: &AttemptOutcome,
 ) -> Option<super::completer::Write> {
     use super::completer::Write;
-    let (id, attempt) = (job.id, job.attempt);
+    let (id, fence) = (job.id, job.fence);
     match outcome {
-        AttemptOutcome::Done => Some(Write::Complete { id, attempt }),
+        AttemptOutcome::Done => Some(Write::Complete { id, fence }),
         AttemptOutcome::Failed(f) => {
-            let delay = f.retry_delay(&handler.retry(), u32::try_from(attempt).unwrap_or(1));
+            let delay = f.retry_delay(&handler.retry(), u32::try_from(job.attempt).unwrap_or(1));
             match f.class.disposition {
                 crate::error::Disposition::Retryable => {
                     tracing::info!(code = %f.class.code, error = %f.message, "attempt failed (retryable)");
@@ -374,7 +376,7 @@ pub(crate) fn outcome_write(
             }
             Some(Write::Fail {
                 id,
-                attempt,
+                fence,
                 disposition: f.class.disposition,
                 code: f.class.code.to_string(),
                 message: f.message.clone(),
@@ -382,6 +384,6 @@ pub(crate) fn outcome_write(
             })
         }
         AttemptOutcome::LeaseLost => None,
-        AttemptOutcome::Interrupted => Some(Write::HandBack { id, attempt }),
+        AttemptOutcome::Interrupted => Some(Write::HandBack { id, fence }),
     }
 }

@@ -1,6 +1,11 @@
 //! Leases: the set of attempts this runtime is running, the heartbeat that extends their
 //! leases in one statement per beat, and the watchdog that drops an attempt whose lease
 //! this process can no longer vouch for.
+//!
+//! The heartbeat runs on a thread of its own, with its own single-threaded tokio runtime
+//! and its own connection: a handler that blocks its tokio worker thread (a synchronous
+//! call, `std::thread::sleep`, heavy CPU work) would otherwise starve the renewal of every
+//! lease on that runtime, and its job would be rescued from a process that is alive.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,14 +15,16 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
+use crate::error::Error;
 use crate::store::{self, LeaseRenewal, LeaseStatus};
 
 /// One attempt in flight in this process.
 #[derive(Debug, Clone)]
 pub(crate) struct Running {
-    pub(crate) attempt: i32,
+    /// The attempt's lease generation (its fence).
+    pub(crate) fence: i64,
     pub(crate) lease: Duration,
     /// The local deadline (see `AttemptLease::deadline`).
     pub(crate) deadline: Arc<watch::Sender<Instant>>,
@@ -87,13 +94,51 @@ impl RunningSet {
     }
 }
 
-/// Extends every running attempt's lease each `interval` until `stop`.
-pub(crate) async fn heartbeat(
-    pool: PgPool,
+/// Starts [`heartbeat`] on its own thread (see the module docs), connecting with `own`'s
+/// connect options. The returned task ends when the thread does, after `stop`.
+pub(crate) fn spawn_heartbeat(
+    own: &PgPool,
     running: RunningSet,
     interval: Duration,
     stop: CancellationToken,
-) {
+) -> Result<tokio::task::JoinHandle<()>, Error> {
+    let options = (*own.connect_options()).clone();
+    let (done, ended) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("jobq-heartbeat".to_owned())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    error!(error = %e, "could not start the heartbeat's runtime; leases will not be extended");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                // Connections belong to the runtime that opened them, so this thread
+                // opens its own: one, kept between beats.
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .min_connections(0)
+                    .idle_timeout(None)
+                    .max_lifetime(None)
+                    .connect_lazy_with(options);
+                heartbeat(pool.clone(), running, interval, stop).await;
+                pool.close().await;
+            });
+            drop(done);
+        })
+        .map_err(|e| Error::Config(format!("could not start the heartbeat thread: {e}")))?;
+    Ok(tokio::spawn(async move {
+        let _ = ended.await;
+    }))
+}
+
+/// Extends every running attempt's lease each `interval` until `stop`.
+async fn heartbeat(pool: PgPool, running: RunningSet, interval: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -114,7 +159,7 @@ async fn beat(pool: &PgPool, running: &RunningSet) {
         .iter()
         .map(|(id, r)| LeaseRenewal {
             id: *id,
-            attempt: r.attempt,
+            fence: r.fence,
             lease_secs: r.lease.as_secs_f64(),
         })
         .collect();
@@ -153,7 +198,7 @@ async fn beat(pool: &PgPool, running: &RunningSet) {
             LeaseStatus::Lost => {
                 warn!(
                     job.id = id,
-                    job.attempt = r.attempt,
+                    job.fence = r.fence,
                     "lease lost: the job was rescued or changed elsewhere; dropping this attempt"
                 );
                 r.lost.cancel();

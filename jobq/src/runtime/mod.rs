@@ -220,6 +220,7 @@ impl RuntimeBuilder {
             .unwrap_or(shortest_lease / 3)
             .max(Duration::from_millis(50));
         let worker_id = self.worker_id.unwrap_or_else(default_worker_id);
+        let own = own_pool(&self.pool, queues.len() + OWN_SERVICE_CONNECTIONS);
         let (kinds, lease_secs) = registry
             .handlers()
             .map(|h| (h.kind().to_owned(), h.lease().as_secs_f64()))
@@ -227,6 +228,7 @@ impl RuntimeBuilder {
         Ok(Runtime {
             config: Arc::new(Config {
                 pool: self.pool,
+                own,
                 registry,
                 queues,
                 prefetch: self.prefetch,
@@ -246,6 +248,37 @@ impl RuntimeBuilder {
     }
 }
 
+/// Connections of jobq's own pool besides one per queue's producer: up to four
+/// overlapping completer flushes, the LISTEN connection, the leader's, and one each for
+/// the reaper and the worker registry.
+const OWN_SERVICE_CONNECTIONS: usize = 8;
+
+/// How long a session of jobq's own may sit idle inside a transaction, or run one
+/// statement, before the server ends it: a stuck session of jobq's can never hold a row
+/// lock or a connection for longer.
+const OWN_SESSION_TIMEOUT: &str = "30s";
+
+/// jobq's own pool: `size` connections opened lazily with the application pool's connect
+/// options. Claims, outcomes, heartbeats, the reaper, the pruner and the worker registry
+/// use it, so none of them ever waits for a connection a handler or the application
+/// holds, leaks, or leaves idle in a transaction (sqlx's pool serves waiters first come,
+/// first served, and its `begin` is not cancel-safe: launchbadge/sqlx#4393). Its sessions
+/// set `idle_in_transaction_session_timeout` and `statement_timeout`. No idle timeout or
+/// lifetime, so no maintenance task is spawned and `build` needs no tokio runtime.
+fn own_pool(app: &PgPool, size: usize) -> PgPool {
+    let options = (*app.connect_options()).clone().options([
+        ("idle_in_transaction_session_timeout", OWN_SESSION_TIMEOUT),
+        ("statement_timeout", OWN_SESSION_TIMEOUT),
+    ]);
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(u32::try_from(size).unwrap_or(u32::MAX))
+        .min_connections(0)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_lazy_with(options)
+}
+
 fn default_worker_id() -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
@@ -263,7 +296,10 @@ fn default_worker_id() -> String {
 /// Everything the runtime's tasks share, fixed at build time.
 #[derive(Debug)]
 pub(crate) struct Config {
+    /// The application's pool: handed to handlers, never used for jobq's own writes.
     pub(crate) pool: PgPool,
+    /// jobq's own connections (see [`own_pool`]).
+    pub(crate) own: PgPool,
     pub(crate) registry: Registry,
     pub(crate) queues: BTreeMap<String, usize>,
     pub(crate) prefetch: usize,
@@ -340,7 +376,7 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// None today; reserved for start-up checks.
+    /// [`Error::Config`] when the heartbeat's thread cannot be started.
     pub async fn start(self) -> Result<RuntimeHandle, Error> {
         let config = self.config;
         info!(
@@ -353,7 +389,7 @@ impl Runtime {
         let stop_services = CancellationToken::new();
         let running = RunningSet::default();
         let max_backlog = config.queues.values().sum::<usize>().max(1) * BACKLOG_ROUNDS;
-        let (completer, completer_task) = Completer::spawn(config.pool.clone(), max_backlog);
+        let (completer, completer_task) = Completer::spawn(config.own.clone(), max_backlog);
         let wakers = Arc::new(Wakers::new(config.queues.keys().map(String::as_str)));
         let attempts = TaskTracker::new();
         let mut services = Vec::new();
@@ -372,25 +408,25 @@ impl Runtime {
             };
             producers.push(tokio::spawn(p.run(stop_claiming.clone())));
         }
-        services.push(tokio::spawn(lease::heartbeat(
-            config.pool.clone(),
+        services.push(lease::spawn_heartbeat(
+            &config.own,
             running.clone(),
             config.heartbeat_interval,
             stop_services.clone(),
-        )));
+        )?);
         if config.listen {
             services.push(tokio::spawn(notify::listen(
-                config.pool.clone(),
+                config.own.clone(),
                 wakers.clone(),
                 stop_services.clone(),
             )));
         }
         if let Some(rc) = config.reaper.clone() {
-            let reaper = Reaper::new(config.pool.clone(), rc);
+            let reaper = Reaper::new(config.own.clone(), rc);
             services.push(tokio::spawn(reaper.run(stop_services.clone())));
         }
         if let Some(pc) = config.pruner.clone() {
-            let pruner = Pruner::new(config.pool.clone(), pc);
+            let pruner = Pruner::new(config.own.clone(), pc);
             services.push(tokio::spawn(pruner.run(stop_services.clone())));
         }
         if let Some(hc) = config.heartbeat.clone() {
@@ -399,7 +435,7 @@ impl Runtime {
                 .iter()
                 .map(|s| Duration::from_secs_f64(*s));
             let beat = WorkerHeartbeat::new(
-                config.pool.clone(),
+                config.own.clone(),
                 config.worker_id.clone(),
                 config.queues.iter().map(|(q, c)| (q.as_str(), *c)),
                 config.kinds.iter().map(String::as_str).zip(leases),

@@ -44,7 +44,7 @@ impl Producer {
         let finished = Arc::new(AtomicU64::new(0));
         let mut ahead = Ahead::new(self.prefetch);
         let mut line = None;
-        let conn = Spares::new(self.config.pool.clone());
+        let conn = Spares::new(self.config.own.clone());
         let mut backoff = Duration::from_millis(100);
         // Whether the last claim came back full: the queue has more due jobs than slots.
         let mut busy = false;
@@ -274,7 +274,7 @@ pub(crate) async fn drain(
     now: Option<DateTime<Utc>>,
 ) -> Result<DrainReport, Error> {
     let mut report = DrainReport::default();
-    let conn = Spares::new(config.pool.clone());
+    let conn = Spares::new(config.own.clone());
     loop {
         if report.attempts.len() >= MAX_DRAIN_ATTEMPTS {
             warn!(
@@ -319,7 +319,7 @@ async fn drain_one(
         tracing::Span::current().record("job.outcome", outcome.label());
         let mut state = None;
         if let Some(write) = outcome_write(&handler, &job, &outcome) {
-            let mut conn = config.pool.acquire().await?;
+            let mut conn = config.own.acquire().await?;
             state = match write_one(&mut conn, &write, now).await? {
                 super::completer::Written::Applied(s) => s,
                 super::completer::Written::AlreadyDone => Some("done".to_owned()),

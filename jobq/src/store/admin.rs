@@ -298,8 +298,12 @@ pub struct JobRow {
     pub kind: String,
     /// The queue.
     pub queue: String,
-    /// The arguments, as stored.
+    /// The arguments, parsed; `null` when the stored text does not parse (nesting deeper
+    /// than serde_json's limit, a number out of `f64`'s range): read `payload_text` then.
+    #[sqlx(skip)]
     pub payload: serde_json::Value,
+    /// The arguments exactly as the database prints them, whether or not they parse.
+    pub payload_text: String,
     /// The payload's schema version.
     pub payload_version: i32,
     /// `pending`, `running`, `done`, `failed` or `cancelled`.
@@ -338,10 +342,11 @@ pub struct JobRow {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-/// One job, every column.
+/// One job, every column. The payload is fetched as text and parsed here, so a row serde
+/// cannot parse is still displayable.
 pub(crate) async fn job_get(conn: &mut PgConnection, id: i64) -> Result<Option<JobRow>, Error> {
-    Ok(sqlx::query_as::<_, JobRow>(
-        "SELECT id, kind, queue, payload, payload_version, state, priority, attempts,
+    let row = sqlx::query_as::<_, JobRow>(
+        "SELECT id, kind, queue, payload::text AS payload_text, payload_version, state, priority, attempts,
                 max_attempts, run_after, locked_until, locked_by, idempotency_key,
                 last_error_code, last_error, errors, cancel_requested, created_at, started_at,
                 first_failed_at, last_failed_at, finished_at
@@ -349,7 +354,11 @@ pub(crate) async fn job_get(conn: &mut PgConnection, id: i64) -> Result<Option<J
     )
     .bind(id)
     .fetch_optional(&mut *conn)
-    .await?)
+    .await?;
+    Ok(row.map(|mut row| {
+        row.payload = serde_json::from_str(&row.payload_text).unwrap_or_default();
+        row
+    }))
 }
 
 /// One row of `jobq.job_audit`.

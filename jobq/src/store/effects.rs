@@ -1,5 +1,8 @@
 //! Statements a handler runs inside its own transaction: the effect ledger and
-//! complete-in-transaction. Both are fenced by the attempt's `(id, attempt)`. The ledger's
+//! complete-in-transaction. Both are fenced by the attempt's `(id, lease generation)`.
+//! The fence check locks the job row for the rest of the caller's transaction, so a
+//! rescue (the reaper, another claim, an operator) waits for that transaction and a
+//! stale attempt's effect can never commit after its job changed hands. The ledger's
 //! primary key does the rest: a second attempt inserting the same key waits for the
 //! first attempt's transaction and then sees its key.
 
@@ -7,17 +10,19 @@ use sqlx::PgConnection;
 
 use crate::error::Error;
 
-/// Whether `(id, attempt)` still holds its job, as the caller's transaction sees it.
+/// Whether `(id, fence)` still holds its job, as the caller's transaction sees it; when
+/// it does, the row stays locked (`FOR NO KEY UPDATE`) until that transaction ends.
 pub(crate) async fn job_fence_check(
     conn: &mut PgConnection,
     id: i64,
-    attempt: i32,
+    fence: i64,
 ) -> Result<bool, Error> {
     let held: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM jobq.jobs WHERE id = $1 AND attempts = $2 AND state = 'running'",
+        "SELECT 1 FROM jobq.jobs WHERE id = $1 AND lease_gen = $2 AND state = 'running'
+         FOR NO KEY UPDATE",
     )
     .bind(id)
-    .bind(attempt)
+    .bind(fence)
     .fetch_optional(&mut *conn)
     .await?;
     Ok(held.is_some())
@@ -44,18 +49,18 @@ pub(crate) async fn effect_record(
 }
 
 /// Marks the job `done` from inside the handler's transaction, fenced by
-/// `(id, attempt)`. Returns whether it applied.
+/// `(id, lease generation)`. Returns whether it applied.
 pub(crate) async fn job_complete_in_tx(
     conn: &mut PgConnection,
     id: i64,
-    attempt: i32,
+    fence: i64,
 ) -> Result<bool, Error> {
     let done = sqlx::query(
         "UPDATE jobq.jobs SET state = 'done', finished_at = now(), locked_until = NULL, locked_by = NULL
-         WHERE id = $1 AND attempts = $2 AND state = 'running'",
+         WHERE id = $1 AND lease_gen = $2 AND state = 'running'",
     )
     .bind(id)
-    .bind(attempt)
+    .bind(fence)
     .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)

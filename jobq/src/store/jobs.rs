@@ -374,15 +374,19 @@ async fn job_insert_many_unkeyed(
     Ok((enqueued, tx))
 }
 
-/// A job as claimed by one attempt. `(id, attempt)` is the attempt's fencing token.
+/// A job as claimed by one attempt. `(id, fence)` is the attempt's fencing token.
 #[derive(Debug, Clone)]
 pub(crate) struct ClaimedJob {
     pub(crate) id: i64,
+    /// The claim's lease generation: no earlier claim of the job had it.
+    pub(crate) fence: i64,
     pub(crate) attempt: i32,
     pub(crate) max_attempts: i32,
     pub(crate) kind: String,
     pub(crate) queue: String,
-    pub(crate) payload: serde_json::Value,
+    /// The payload as the database prints it: decoded by the executor, one job at a
+    /// time, so a row serde cannot parse fails alone.
+    pub(crate) payload: String,
     pub(crate) priority: i16,
     pub(crate) created_at: DateTime<Utc>,
     /// How long the job waited between becoming due (`run_after`) and this claim.
@@ -427,12 +431,14 @@ pub(crate) async fn job_claim(
         UPDATE jobq.jobs j
         SET state = 'running',
             attempts = j.attempts + 1,
+            lease_gen = j.lease_gen + 1,
             locked_until = coalesce($6, now()) + make_interval(secs => s.lease),
             locked_by = $5,
             started_at = coalesce($6, now())
         FROM candidates c, served s
         WHERE j.id = c.id AND s.kind = j.kind
-        RETURNING j.id, j.attempts, j.max_attempts, j.kind, j.queue, j.payload, j.priority,
+        RETURNING j.id, j.lease_gen, j.attempts, j.max_attempts, j.kind, j.queue,
+                  j.payload::text AS payload, j.priority,
                   j.created_at,
                   greatest(extract(epoch FROM j.started_at - j.run_after), 0)::float8 AS wait_secs
         "#,
@@ -449,6 +455,7 @@ pub(crate) async fn job_claim(
     for row in rows {
         jobs.push(ClaimedJob {
             id: row.try_get("id")?,
+            fence: row.try_get("lease_gen")?,
             attempt: row.try_get("attempts")?,
             max_attempts: row.try_get("max_attempts")?,
             kind: row.try_get("kind")?,
@@ -475,7 +482,7 @@ pub(crate) enum FenceResult {
     Stale,
 }
 
-/// Marks jobs `done` in one statement, each fenced by `(id, attempt)`. Returns one result
+/// Marks jobs `done` in one statement, each fenced by `(id, lease generation)`. Returns one result
 /// per input, in order.
 ///
 /// The rows are found by primary key (`id = ANY($1)`) and each one's fence checked
@@ -489,26 +496,26 @@ pub(crate) enum FenceResult {
 /// need the second statement that tells those two apart.
 pub(crate) async fn job_complete_many(
     conn: &mut PgConnection,
-    fences: &[(i64, i32)],
+    fences: &[(i64, i64)],
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<FenceResult>, Error> {
     if fences.is_empty() {
         return Ok(Vec::new());
     }
     let ids: Vec<i64> = fences.iter().map(|f| f.0).collect();
-    let attempts: Vec<i32> = fences.iter().map(|f| f.1).collect();
+    let gens: Vec<i64> = fences.iter().map(|f| f.1).collect();
     let applied: Vec<i64> = sqlx::query_scalar(
         r#"
         UPDATE jobq.jobs j
         SET state = 'done', finished_at = coalesce($3, now()),
             locked_until = NULL, locked_by = NULL
         WHERE j.id = ANY($1::bigint[]) AND (j.state = 'running') IS TRUE
-          AND j.attempts = ($2::int4[])[array_position($1::bigint[], j.id)]
+          AND j.lease_gen = ($2::int8[])[array_position($1::bigint[], j.id)]
         RETURNING j.id
         "#,
     )
     .bind(&ids)
-    .bind(&attempts)
+    .bind(&gens)
     .bind(now)
     .fetch_all(&mut *conn)
     .await?;
@@ -523,7 +530,7 @@ pub(crate) async fn job_complete_many(
             }
         })
         .collect();
-    let missed: Vec<(i64, i32)> = fences
+    let missed: Vec<(i64, i64)> = fences
         .iter()
         .filter(|(id, _)| !applied.contains(id))
         .copied()
@@ -532,19 +539,19 @@ pub(crate) async fn job_complete_many(
         return Ok(results);
     }
     // Not applied: completed by the attempt itself (`complete_in_tx`), or stale. An
-    // attempt's own completion cannot be undone and attempts only grow, so a later
+    // attempt's own completion cannot be undone and generations only grow, so a later
     // snapshot tells the two apart as well as the UPDATE's own would have.
     let ids: Vec<i64> = missed.iter().map(|f| f.0).collect();
-    let attempts: Vec<i32> = missed.iter().map(|f| f.1).collect();
+    let gens: Vec<i64> = missed.iter().map(|f| f.1).collect();
     let done: Vec<i64> = sqlx::query_scalar(
         r#"
         SELECT j.id FROM jobq.jobs j
         WHERE j.id = ANY($1::bigint[]) AND j.state = 'done'
-          AND j.attempts = ($2::int4[])[array_position($1::bigint[], j.id)]
+          AND j.lease_gen = ($2::int8[])[array_position($1::bigint[], j.id)]
         "#,
     )
     .bind(&ids)
-    .bind(&attempts)
+    .bind(&gens)
     .fetch_all(&mut *conn)
     .await?;
     let done: std::collections::HashSet<i64> = done.into_iter().collect();
@@ -560,7 +567,8 @@ pub(crate) async fn job_complete_many(
 #[derive(Debug, Clone)]
 pub(crate) struct FailParams<'a> {
     pub(crate) id: i64,
-    pub(crate) attempt: i32,
+    /// The attempt's lease generation (its fence).
+    pub(crate) fence: i64,
     pub(crate) disposition: Disposition,
     pub(crate) code: &'a str,
     pub(crate) message: &'a str,
@@ -569,7 +577,7 @@ pub(crate) struct FailParams<'a> {
     pub(crate) now: Option<DateTime<Utc>>,
 }
 
-/// Records a failed attempt, fenced by `(id, attempt)`: back to `pending` with
+/// Records a failed attempt, fenced by `(id, lease generation)`: back to `pending` with
 /// `run_after = now + delay` while attempts remain and the failure is retryable; `failed`
 /// when permanent or exhausted; `cancelled` when the job cancelled itself or an operator
 /// asked for it while it ran. Appends to the bounded `errors` history. Returns the new
@@ -587,7 +595,7 @@ pub(crate) async fn job_fail(
                         ELSE 'pending' END AS next_state,
                    coalesce($7, now()) AS at
             FROM jobq.jobs
-            WHERE id = $1 AND attempts = $2 AND state = 'running'
+            WHERE id = $1 AND lease_gen = $2 AND state = 'running'
         )
         UPDATE jobq.jobs j
         SET state = cur.next_state,
@@ -606,12 +614,12 @@ pub(crate) async fn job_fail(
                             'attempt', j.attempts, 'at', cur.at, 'code', $4,
                             'message', $5, 'disposition', $3))
         FROM cur
-        WHERE j.id = cur.id AND j.attempts = $2 AND j.state = 'running'
+        WHERE j.id = cur.id AND j.lease_gen = $2 AND j.state = 'running'
         RETURNING j.state
         "#,
     )
     .bind(p.id)
-    .bind(p.attempt)
+    .bind(p.fence)
     .bind(p.disposition.as_str())
     .bind(p.code)
     .bind(truncate_message(p.message))
@@ -624,12 +632,13 @@ pub(crate) async fn job_fail(
 }
 
 /// Gives a running job back to `pending` at once (graceful shutdown): the interrupted
-/// attempt is not counted, so `attempts` goes back by one. Fenced by `(id, attempt)`.
-/// Returns whether it applied.
+/// attempt is not counted, so `attempts` goes back by one; the lease generation does not,
+/// so the handed-back attempt's token stays stale for good. Fenced by
+/// `(id, lease generation)`. Returns whether it applied.
 pub(crate) async fn job_hand_back(
     conn: &mut PgConnection,
     id: i64,
-    attempt: i32,
+    fence: i64,
 ) -> Result<bool, Error> {
     let done = sqlx::query(
         r#"
@@ -638,11 +647,11 @@ pub(crate) async fn job_hand_back(
             finished_at = CASE WHEN cancel_requested THEN now() ELSE NULL END,
             attempts = attempts - 1, run_after = now(),
             locked_until = NULL, locked_by = NULL
-        WHERE id = $1 AND attempts = $2 AND state = 'running'
+        WHERE id = $1 AND lease_gen = $2 AND state = 'running'
         "#,
     )
     .bind(id)
-    .bind(attempt)
+    .bind(fence)
     .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)

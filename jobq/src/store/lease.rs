@@ -10,7 +10,8 @@ use crate::error::Error;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LeaseRenewal {
     pub(crate) id: i64,
-    pub(crate) attempt: i32,
+    /// The attempt's lease generation (its fence).
+    pub(crate) fence: i64,
     pub(crate) lease_secs: f64,
 }
 
@@ -31,7 +32,7 @@ pub(crate) enum LeaseStatus {
 }
 
 /// Extends the leases of many running attempts in one statement, each fenced by
-/// `(id, attempt)`. Rows locked by a handler's own transaction are skipped, not waited
+/// `(id, lease generation)`. Rows locked by a handler's own transaction are skipped, not waited
 /// for, so one long transaction cannot stall every other lease. Results are in input
 /// order.
 pub(crate) async fn lease_extend_many(
@@ -42,7 +43,7 @@ pub(crate) async fn lease_extend_many(
         return Ok(Vec::new());
     }
     let ids: Vec<i64> = leases.iter().map(|l| l.id).collect();
-    let attempts: Vec<i32> = leases.iter().map(|l| l.attempt).collect();
+    let gens: Vec<i64> = leases.iter().map(|l| l.fence).collect();
     let secs: Vec<f64> = leases.iter().map(|l| l.lease_secs).collect();
     // Matching results to inputs happens here, not in SQL: joining the UPDATE's output
     // back to its input inside the statement is quadratic (CTEs carry no statistics).
@@ -57,7 +58,7 @@ pub(crate) async fn lease_extend_many(
         WITH lockable AS MATERIALIZED (
             SELECT j.id FROM jobq.jobs j
             WHERE j.id = ANY($1::bigint[]) AND (j.state = 'running') IS TRUE
-              AND j.attempts = ($2::int4[])[array_position($1::bigint[], j.id)]
+              AND j.lease_gen = ($2::int8[])[array_position($1::bigint[], j.id)]
             FOR NO KEY UPDATE OF j SKIP LOCKED
         )
         UPDATE jobq.jobs j
@@ -65,12 +66,12 @@ pub(crate) async fn lease_extend_many(
                 secs => ($3::float8[])[array_position($1::bigint[], j.id)])
         FROM lockable l
         WHERE j.id = l.id AND (j.state = 'running') IS TRUE
-          AND j.attempts = ($2::int4[])[array_position($1::bigint[], j.id)]
+          AND j.lease_gen = ($2::int8[])[array_position($1::bigint[], j.id)]
         RETURNING j.id, j.cancel_requested
         "#,
     )
     .bind(&ids)
-    .bind(&attempts)
+    .bind(&gens)
     .bind(&secs)
     .fetch_all(&mut *conn)
     .await?;
@@ -84,16 +85,16 @@ pub(crate) async fn lease_extend_many(
         std::collections::HashSet::new()
     } else {
         let ids: Vec<i64> = missed.iter().map(|l| l.id).collect();
-        let attempts: Vec<i32> = missed.iter().map(|l| l.attempt).collect();
+        let gens: Vec<i64> = missed.iter().map(|l| l.fence).collect();
         sqlx::query_scalar::<_, i64>(
             r#"
             SELECT j.id FROM jobq.jobs j
             WHERE j.id = ANY($1::bigint[]) AND (j.state = 'running') IS TRUE
-              AND j.attempts = ($2::int4[])[array_position($1::bigint[], j.id)]
+              AND j.lease_gen = ($2::int8[])[array_position($1::bigint[], j.id)]
             "#,
         )
         .bind(&ids)
-        .bind(&attempts)
+        .bind(&gens)
         .fetch_all(&mut *conn)
         .await?
         .into_iter()
@@ -184,19 +185,20 @@ pub(crate) async fn job_reap(
     Ok(report)
 }
 
-/// Extends one attempt's lease by `lease_secs` from the database's now.
+/// Extends one attempt's lease by `lease_secs` from the database's now, fenced by
+/// `(id, lease generation)`.
 pub(crate) async fn lease_extend_one(
     conn: &mut PgConnection,
     id: i64,
-    attempt: i32,
+    fence: i64,
     lease_secs: f64,
 ) -> Result<bool, Error> {
     let done = sqlx::query(
         "UPDATE jobq.jobs SET locked_until = now() + make_interval(secs => $3)
-         WHERE id = $1 AND attempts = $2 AND state = 'running'",
+         WHERE id = $1 AND lease_gen = $2 AND state = 'running'",
     )
     .bind(id)
-    .bind(attempt)
+    .bind(fence)
     .bind(lease_secs)
     .execute(&mut *conn)
     .await?;

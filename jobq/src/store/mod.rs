@@ -121,10 +121,19 @@ impl NewJob {
                 ),
             ));
         }
+        check_decodable(&self.kind, &self.payload)?;
         if self.max_attempts < 1 {
             return Err(Error::invalid(
                 "invalid_max_attempts",
                 format!("max_attempts must be at least 1, got {}", self.max_attempts),
+            ));
+        }
+        if let Some(key) = &self.idempotency_key
+            && key.contains('\0')
+        {
+            return Err(Error::invalid(
+                "invalid_idempotency_key",
+                "idempotency key contains a NUL character, which PostgreSQL's text cannot store",
             ));
         }
         if let Some(key) = &self.idempotency_key
@@ -139,9 +148,10 @@ impl NewJob {
             ));
         }
         if let Some(at) = self.run_after {
-            // PostgreSQL's timestamptz ends in 294276 AD; chrono's range is wider.
+            // PostgreSQL's timestamptz spans 4713 BC (chrono's year -4712) to 294276 AD;
+            // chrono's range is wider. Whole years inside it, to stay clear of both ends.
             let year = chrono::Datelike::year(&at);
-            if !(-4713..=294_000).contains(&year) {
+            if !(-4711..=294_275).contains(&year) {
                 return Err(Error::invalid(
                     "run_after_out_of_range",
                     format!("run_after {at} is outside the range PostgreSQL can store"),
@@ -158,6 +168,77 @@ impl NewJob {
             }
         }
         Ok(())
+    }
+}
+
+/// The deepest nesting of arrays and objects serde_json decodes (its recursion limit
+/// is 128 levels).
+pub(crate) const MAX_PAYLOAD_DEPTH: usize = 127;
+
+/// Refuses a payload the runtime could not decode: nesting deeper than serde_json's
+/// recursion limit, or a number outside `f64`'s range (checked by a full parse only when
+/// the payload has a number with an exponent or of many digits, which Rust values
+/// serialized by serde_json almost never have).
+fn check_decodable(kind: &str, json: &str) -> Result<(), Error> {
+    let (depth, odd_numbers) = scan_json(json);
+    if depth > MAX_PAYLOAD_DEPTH {
+        return Err(Error::invalid(
+            "payload_too_deep",
+            format!(
+                "payload of kind `{}` nests {depth} levels deep; the limit is {MAX_PAYLOAD_DEPTH} (serde_json could not decode it)",
+                bounded(kind)
+            ),
+        ));
+    }
+    if odd_numbers && let Err(e) = serde_json::from_str::<serde_json::Value>(json) {
+        return Err(Error::invalid(
+            "payload_undecodable",
+            format!("payload of kind `{}` would not decode: {e}", bounded(kind)),
+        ));
+    }
+    Ok(())
+}
+
+/// The deepest nesting of `json` (outside strings), and whether it has a number with an
+/// exponent or of more than 15 digits.
+fn scan_json(json: &str) -> (usize, bool) {
+    let (mut depth, mut deepest, mut odd) = (0usize, 0usize, false);
+    let (mut in_string, mut escaped, mut digits) = (false, false, 0usize);
+    for b in json.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b'e' | b'E' if digits > 0 => odd = true,
+            _ => {}
+        }
+        if b.is_ascii_digit() {
+            digits += 1;
+            odd |= digits > 15;
+        } else if !matches!(b, b'.' | b'-' | b'+' | b'e' | b'E') {
+            digits = 0;
+        }
+    }
+    (deepest, odd)
+}
+
+/// At most the first 64 characters of `name`, for an error message about it.
+pub(crate) fn bounded(name: &str) -> String {
+    match name.char_indices().nth(64) {
+        Some((end, _)) => format!("{}…", &name[..end]),
+        None => name.to_owned(),
     }
 }
 
@@ -184,8 +265,18 @@ pub(crate) fn validate_name(what: &str, name: &str, max: usize) -> Result<(), Er
         return Err(Error::invalid(
             code,
             format!(
-                "{what} `{name}` is {} bytes; the limit is {max}",
+                "{what} `{}` is {} bytes; the limit is {max}",
+                bounded(name),
                 name.len()
+            ),
+        ));
+    }
+    if name.contains('\0') {
+        return Err(Error::invalid(
+            code,
+            format!(
+                "{what} `{}` contains a NUL character, which PostgreSQL's text cannot store",
+                bounded(&name.replace('\0', "\\0"))
             ),
         ));
     }
@@ -207,6 +298,22 @@ pub(crate) fn truncate_message(message: &str) -> &str {
 #[cfg(test)]
 mod nul_tests {
     use super::has_escaped_nul;
+
+    #[test]
+    fn the_depth_limit_is_serde_jsons() {
+        let nest = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let ok = nest(super::MAX_PAYLOAD_DEPTH);
+        assert_eq!(super::scan_json(&ok).0, super::MAX_PAYLOAD_DEPTH);
+        assert!(serde_json::from_str::<serde_json::Value>(&ok).is_ok());
+        let deep = nest(super::MAX_PAYLOAD_DEPTH + 1);
+        assert!(serde_json::from_str::<serde_json::Value>(&deep).is_err());
+        assert!(super::check_decodable("k", &deep).is_err());
+        assert_eq!(super::scan_json(r#"{"a":"[[[[\"[["}"#), (1, false));
+        assert!(super::scan_json(r#"{"n":1e400}"#).1);
+        assert!(super::check_decodable("k", r#"{"n":1e400}"#).is_err());
+        assert!(super::check_decodable("k", r#"{"n":1e300,"m":12345678901234567890}"#).is_ok());
+        assert!(!super::scan_json(r#"{"n":-12.5,"key":"e1"}"#).1);
+    }
 
     #[test]
     fn finds_real_nul_escapes_only() {

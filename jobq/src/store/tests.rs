@@ -6,8 +6,8 @@ use crate::error::Disposition;
 
 async fn running_job(conn: &mut sqlx::PgConnection, attempts: i32) -> i64 {
     sqlx::query_scalar(
-        "INSERT INTO jobq.jobs (kind, payload, state, attempts, locked_until, locked_by)
-         VALUES ('k', '{}', 'running', $1, now() + interval '1 minute', 'w') RETURNING id",
+        "INSERT INTO jobq.jobs (kind, payload, state, attempts, lease_gen, locked_until, locked_by)
+         VALUES ('k', '{}', 'running', $1, $1, now() + interval '1 minute', 'w') RETURNING id",
     )
     .bind(attempts)
     .fetch_one(&mut *conn)
@@ -38,7 +38,7 @@ async fn stale_writes_change_nothing() {
         &mut conn,
         &FailParams {
             id,
-            attempt: 1,
+            fence: 1,
             disposition: Disposition::Permanent,
             code: "x",
             message: "stale",
@@ -57,7 +57,7 @@ async fn stale_writes_change_nothing() {
         &mut conn,
         &[LeaseRenewal {
             id,
-            attempt: 1,
+            fence: 1,
             lease_secs: 60.0,
         }],
     )
@@ -77,7 +77,7 @@ async fn stale_writes_change_nothing() {
         &mut conn,
         &FailParams {
             id,
-            attempt: 2,
+            fence: 2,
             disposition: Disposition::Retryable,
             code: "late",
             message: "late",
@@ -120,7 +120,7 @@ async fn heartbeat_skips_a_row_locked_by_the_handlers_transaction() {
         .unwrap();
     let renewal = [LeaseRenewal {
         id,
-        attempt: 1,
+        fence: 1,
         lease_secs: 60.0,
     }];
     // Does not wait for the handler's transaction, and does not call the lease lost.
@@ -149,8 +149,8 @@ async fn reaper_leaves_a_job_completed_after_its_lease_expired() {
     let db = jobq_testing::TestDatabase::new().await.unwrap();
     let mut conn = db.pool().acquire().await.unwrap();
     let id: i64 = sqlx::query_scalar(
-        "INSERT INTO jobq.jobs (kind, payload, state, attempts, locked_until, locked_by)
-         VALUES ('k', '{}', 'running', 1, now() - interval '1 second', 'w') RETURNING id",
+        "INSERT INTO jobq.jobs (kind, payload, state, attempts, lease_gen, locked_until, locked_by)
+         VALUES ('k', '{}', 'running', 1, 1, now() - interval '1 second', 'w') RETURNING id",
     )
     .fetch_one(&mut *conn)
     .await
