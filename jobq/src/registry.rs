@@ -52,9 +52,11 @@ trait ErasedJob: Send + Sync + 'static {
     fn timeout(&self) -> Option<Duration>;
     fn retry(&self) -> RetryPolicy;
     fn check(&self, payload: &serde_json::Value) -> Result<(), String>;
+    fn periodic(&self) -> Option<Result<crate::maintenance::Periodic, Error>>;
     fn run(
         &self,
         ctx: JobContext,
+        version: i32,
         payload: serde_json::Value,
     ) -> BoxFuture<'static, Result<(), Failure>>;
 }
@@ -85,15 +87,28 @@ impl<J: Job> ErasedJob for Typed<J> {
             .map(drop)
             .map_err(|e| format!("payload does not decode as the args of `{}`: {e}", J::KIND))
     }
+    fn periodic(&self) -> Option<Result<crate::maintenance::Periodic, Error>> {
+        let (schedule, args) = J::periodic()?;
+        Some(crate::maintenance::scheduler_entry::<J>(schedule, args))
+    }
     fn run(
         &self,
         ctx: JobContext,
+        version: i32,
         payload: serde_json::Value,
     ) -> BoxFuture<'static, Result<(), Failure>> {
         Box::pin(async move {
-            let args: J::Args = serde_json::from_value(payload).map_err(|e| Failure {
-                class: Classification::permanent("decode"),
-                message: format!("payload does not decode as the args of `{}`: {e}", J::KIND),
+            let decoded = match u32::try_from(version) {
+                Ok(v) => J::decode(v, payload),
+                Err(_) => Err(crate::job::DecodeError::unknown_version(
+                    J::KIND,
+                    0,
+                    J::VERSION,
+                )),
+            };
+            let args: J::Args = decoded.map_err(|e| Failure {
+                class: Classification::permanent(e.code),
+                message: e.message,
             })?;
             J::run(ctx, args).await.map_err(|e| Failure {
                 class: e.classify(),
@@ -150,14 +165,20 @@ impl JobHandler {
         self.inner.check(payload)
     }
 
-    /// Decodes `payload` and runs the handler; no timeout, no panic catching (the
-    /// executor adds those).
+    /// The kind's own schedule (`#[job(cron = …)]`), as the scheduler runs it.
+    pub(crate) fn periodic(&self) -> Option<Result<crate::maintenance::Periodic, Error>> {
+        self.inner.periodic()
+    }
+
+    /// Decodes `payload` of payload version `version` and runs the handler; no timeout,
+    /// no panic catching (the executor adds those).
     pub(crate) fn call(
         &self,
         ctx: JobContext,
+        version: i32,
         payload: serde_json::Value,
     ) -> BoxFuture<'static, Result<(), Failure>> {
-        self.inner.run(ctx, payload)
+        self.inner.run(ctx, version, payload)
     }
 }
 
