@@ -337,6 +337,10 @@ async fn pause_resume_and_run_now_are_audited() -> anyhow::Result<()> {
         actions,
         vec!["schedule_pause", "schedule_resume", "schedule_run_now"]
     );
+    let stats = jobq::stats::stats(pool).await?;
+    assert_eq!(stats.schedules.len(), 1);
+    assert_eq!(stats.schedules[0].name, "minutely");
+    assert_eq!(stats.schedules[0].next_slot, t("2026-05-01T12:04:00Z"));
     let missing = admin.schedule_pause("nope", None).await.unwrap_err();
     assert_eq!(missing.code(), "not_found");
     Ok(())

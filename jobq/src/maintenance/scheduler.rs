@@ -433,6 +433,7 @@ impl Scheduler {
                     report.slots.insert(name, slots);
                 }
             }
+            self.gauges(&names, now).await?;
         }
         loop {
             let mut conn = self.pool.acquire().await?;
@@ -443,6 +444,22 @@ impl Scheduler {
             }
         }
         Ok(report)
+    }
+
+    /// Refreshes the schedule gauges of the schedules it serves.
+    async fn gauges(&self, names: &[String], now: Option<DateTime<Utc>>) -> Result<(), Error> {
+        let mut conn = self.pool.acquire().await?;
+        let now = match now {
+            Some(t) => t,
+            None => store::db_now(&mut conn).await?,
+        };
+        for row in store::schedules_list(&mut conn).await? {
+            if names.contains(&row.name) {
+                let lag = (now - row.next_slot).to_std().unwrap_or_default();
+                crate::metrics::schedule_gauges(&row.name, lag.as_secs_f64(), row.paused);
+            }
+        }
+        Ok(())
     }
 
     /// Enqueues the due slots of one schedule and moves its cursor, in one transaction
@@ -483,8 +500,7 @@ impl Scheduler {
         let last = slots.last().copied().zip(done.last().map(|e| e.id.0));
         store::schedule_advance(&mut tx, &p.name, next, last).await?;
         tx.commit().await?;
-        metrics::counter!("jobq_schedule_slots_total", "schedule" => p.name.clone())
-            .increment(u64::try_from(enqueued.len()).unwrap_or(0));
+        crate::metrics::schedule_slots(&p.name, u64::try_from(enqueued.len()).unwrap_or(0));
         Ok(enqueued)
     }
 
