@@ -146,6 +146,14 @@ pub use job::{
 /// | `priority` | an `i16`, smaller runs first | `0` |
 /// | `lease` | a duration, at least `"300ms"` | `"60s"` |
 /// | `timeout` | a duration | no limit |
+/// | `cron` | a cron expression (5 fields, or 6 with seconds first); the kind is periodic, its args `()` or `Default` | not periodic |
+/// | `tz` | an IANA zone for `cron`, `"Europe/Berlin"` | `"UTC"` |
+/// | `every` | a duration; periodic at multiples of it since the epoch | not periodic |
+/// | `missed` | `"skip"`, `"once"` or `"all(max = N)"`: slots that passed while no node ran | `"once"` |
+/// | `unique` | `unique(by = [fields], period = D, states = [pending, running, …])`, each part optional | not unique |
+/// | `debounce` | a duration: each enqueue replaces the pending job's args and pushes it to now + D | none |
+/// | `max_age` | a duration: not done by then, the job fails with code `expired` | no limit |
+/// | `version` | the payload version stored, at least 1; older rows decode through [`macro@upgrade`]s | `1` |
 /// | `crate` | the path jobq is reachable at, `"::my_deps::jobq"` | `"::jobq"` |
 ///
 /// `N` counts every attempt, the first included (at least 1). A duration `D` is a whole

@@ -378,6 +378,9 @@ impl Scheduler {
     ///
     /// As [`register`](Self::register).
     pub async fn register_at(&self, now: Option<DateTime<Utc>>) -> Result<(), Error> {
+        if self.entries.is_empty() {
+            return Ok(());
+        }
         let mut conn = self.pool.acquire().await?;
         let now = match now {
             Some(t) => t,
