@@ -9,10 +9,12 @@ use syn::{Ident, LitInt, LitStr, Path, Token};
 
 use crate::ctxt::Errors;
 use crate::grammar::{self, Millis, Policy};
+use crate::time::{self, TimeAttr};
 
 /// Every key `#[job]` accepts, for the "unknown key" message.
 const KEYS: &str = "`kind`, `name`, `retry`, `idempotency`, `queue`, `priority`, `lease`, \
-                    `timeout`, `crate`";
+                    `timeout`, `cron`, `tz`, `every`, `missed`, `unique`, `debounce`, \
+                    `max_age`, `version`, `crate`";
 
 /// The longest kind and queue names the runtime accepts (`jobq::MAX_KIND_LEN`,
 /// `jobq::MAX_QUEUE_LEN`).
@@ -39,6 +41,8 @@ pub(crate) struct JobAttr {
     pub(crate) lease: Option<Spanned<Millis>>,
     pub(crate) timeout: Option<Spanned<Millis>>,
     pub(crate) krate: Option<Path>,
+    /// `cron`, `tz`, `every`, `missed`, `unique`, `debounce`, `max_age`, `version`.
+    pub(crate) time: TimeAttr,
 }
 
 /// Parses the attribute's arguments, recording every mistake in `errors`.
@@ -84,6 +88,14 @@ pub(crate) fn parse(args: TokenStream, errors: &mut Errors) -> JobAttr {
                 }
             }),
             Some("crate") => crate_path(&meta).map(|v| out.krate = Some(v)),
+            Some("cron") => time::parse_cron(&meta).map(|v| out.time.cron = Some(v)),
+            Some("tz") => time::parse_tz(&meta).map(|v| out.time.tz = Some(v)),
+            Some("every") => time::parse_every(&meta).map(|v| out.time.every = Some(v)),
+            Some("missed") => time::parse_missed(&meta).map(|v| out.time.missed = Some(v)),
+            Some("unique") => time::parse_unique(&meta).map(|v| out.time.unique = Some(v)),
+            Some("debounce") => time::parse_debounce(&meta).map(|v| out.time.debounce = Some(v)),
+            Some("max_age") => time::parse_max_age(&meta).map(|v| out.time.max_age = Some(v)),
+            Some("version") => time::parse_version(&meta).map(|v| out.time.version = Some(v)),
             _ => Err(meta.error(format!(
                 "unknown `#[job]` key `{}`; expected one of {KEYS}",
                 path_text(&meta.path)

@@ -17,6 +17,7 @@ use crate::respan::respan;
 pub(crate) fn job(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let attr = attr::parse(args, &mut errors);
+    crate::time::check(&attr.time, &mut errors);
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
         Err(_) => {
@@ -103,6 +104,7 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
                 ::core::option::Option::Some(#d);
         )
     });
+    let time = crate::time::expand(&attr.time, &p, args_ty);
     let idempotency = attr.idempotency.as_ref().map(|field| {
         // `args.<field>` carries the user's span: a field that does not exist is reported
         // at their token as "no field `x` on type `Args`".
@@ -188,6 +190,7 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
             type Error = #err_ty;
 
             #idempotency
+            #time
 
             fn run(#ctx_param: #p::JobContext, args: <Self as #p::Job>::Args) -> #run_ret {
                 #body

@@ -15,6 +15,7 @@ mod ctxt;
 mod expand;
 mod grammar;
 mod respan;
+mod time;
 
 use proc_macro::TokenStream;
 
@@ -22,6 +23,12 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn job(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::job(args.into(), item.into()).into()
+}
+
+/// (Implemented in `jobq-macros`; use it as `jobq::upgrade`.)
+#[proc_macro_attribute]
+pub fn upgrade(args: TokenStream, item: TokenStream) -> TokenStream {
+    time::upgrade(args.into(), item.into()).into()
 }
 
 /// (Implemented in `jobq-macros`; use it as `jobq::Classify`.)

@@ -385,6 +385,37 @@ impl<J: Job> Perform<J> {
     }
 }
 
+/// One inline attempt of job `J` on a stored payload of payload version `version`, as a
+/// row written before a deploy would be claimed: an older version goes through the kind's
+/// upgrades (`#[jobq::upgrade]`), one with no upgrade path fails with `unknown_version`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # use jobq::{Job, JobContext, JobError};
+/// # struct Greet;
+/// # impl Job for Greet {
+/// #     const KIND: &'static str = "greet";
+/// #     type Args = String;
+/// #     type Error = JobError;
+/// #     async fn run(_ctx: JobContext, _: String) -> Result<(), JobError> { Ok(()) }
+/// # }
+/// jobq_testing::perform_payload::<Greet>(1, serde_json::json!("world")).await.assert_done();
+/// jobq_testing::perform_payload::<Greet>(7, serde_json::json!("world"))
+///     .await
+///     .assert_permanent("unknown_version");
+/// # }
+/// ```
+pub async fn perform_payload<J: Job>(version: u32, payload: serde_json::Value) -> Outcome {
+    let max_attempts = J::RETRY.max_attempts();
+    let ctx = JobContext::detached(J::KIND)
+        .with_queue(J::QUEUE)
+        .with_attempt(1)
+        .with_max_attempts(max_attempts);
+    let version = i32::try_from(version).unwrap_or(i32::MAX);
+    let outcome = jobq::run_attempt_versioned::<J>(ctx, version, payload).await;
+    classify::<J>(outcome, 1, max_attempts)
+}
+
 /// What the runtime's completer would write for `outcome`, told as an [`Outcome`].
 fn classify<J: Job>(outcome: AttemptOutcome, attempt: u32, max_attempts: u32) -> Outcome {
     match outcome {

@@ -133,5 +133,5 @@ pub use cluster::TempCluster;
 pub use database::{TestDatabase, with_database};
 pub use drain::{DEFAULT_MAX_ROUNDS, Drain, Drained};
 pub use error::Error;
-pub use inline::{Outcome, Perform, perform};
+pub use inline::{Outcome, Perform, perform, perform_payload};
 pub use resolve::{DEFAULT_DATABASE_URL, database_url, resolve_database_url};

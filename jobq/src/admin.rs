@@ -46,7 +46,7 @@ use crate::job::{Job, JobId, MAX_PAYLOAD_BYTES};
 use crate::registry::{JobHandler, registered_jobs};
 use crate::store::{self, Actor, TerminalFilter};
 
-pub use crate::store::{AuditRow, JobRow, TerminalJob, Transition};
+pub use crate::store::{AuditRow, JobRow, ScheduleRow, TerminalJob, Transition};
 
 /// Operator actions over one pool, by one actor.
 #[derive(Debug, Clone)]
@@ -510,5 +510,68 @@ impl Admin {
     pub async fn audit(&self, limit: u32) -> Result<Vec<AuditRow>, Error> {
         let mut conn = self.pool.acquire().await?;
         store::audit_list_recent(&mut conn, i64::from(limit)).await
+    }
+
+    /// Every periodic schedule: expression, zone, next and last slot, the last slot's
+    /// job and its state, whether it is paused.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`].
+    pub async fn schedules(&self) -> Result<Vec<ScheduleRow>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        store::schedules_list(&mut conn).await
+    }
+
+    /// Pauses schedule `name` (audited): no slot is enqueued until it is resumed; the
+    /// slots that pass meanwhile are handled by its missed-slot policy. Returns whether it
+    /// was paused already.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] for an unknown schedule, [`Error::Database`].
+    pub async fn schedule_pause(&self, name: &str, reason: Option<&str>) -> Result<bool, Error> {
+        self.schedule_set_paused(name, true, reason).await
+    }
+
+    /// Resumes schedule `name` (audited). Returns whether it was paused.
+    ///
+    /// # Errors
+    ///
+    /// As [`schedule_pause`](Self::schedule_pause).
+    pub async fn schedule_resume(&self, name: &str, reason: Option<&str>) -> Result<bool, Error> {
+        self.schedule_set_paused(name, false, reason).await
+    }
+
+    async fn schedule_set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        reason: Option<&str>,
+    ) -> Result<bool, Error> {
+        let mut conn = self.pool.acquire().await?;
+        store::schedule_set_paused(&mut conn, name, paused, self.who(reason))
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: "schedule",
+                name: name.to_owned(),
+            })
+    }
+
+    /// Enqueues one job of schedule `name` now, outside its slots (audited), with the
+    /// schedule's args; its slots are unchanged.
+    ///
+    /// # Errors
+    ///
+    /// As [`schedule_pause`](Self::schedule_pause).
+    pub async fn schedule_run_now(&self, name: &str, reason: Option<&str>) -> Result<JobId, Error> {
+        let mut conn = self.pool.acquire().await?;
+        store::schedule_run_now(&mut conn, name, self.who(reason))
+            .await?
+            .map(JobId)
+            .ok_or_else(|| Error::NotFound {
+                what: "schedule",
+                name: name.to_owned(),
+            })
     }
 }

@@ -20,6 +20,9 @@ use crate::pooled::{self, PoolEnqueue};
 use crate::retry::RetryPolicy;
 use crate::store;
 
+mod options;
+pub use options::{DecodeError, Replace, Unique, UniqueState, Upgrade, decode_as};
+
 /// The largest payload (serialized JSON) accepted by enqueue: 1 MiB.
 pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 /// The longest kind name accepted.
@@ -82,6 +85,18 @@ pub trait Job: Send + Sync + 'static {
     /// The longest one attempt may run; past it the attempt is cancelled and recorded as
     /// a retryable `timeout` failure. `None` means no limit.
     const TIMEOUT: Option<Duration> = None;
+    /// The payload version new jobs are stored with (`#[job(version = N)]`); rows of older
+    /// versions are decoded through [`Job::decode`]'s upgrades.
+    const VERSION: u32 = 1;
+    /// A job not done within this time of its creation is not run or retried again: it
+    /// fails with code `expired`. `None` means no limit.
+    const MAX_AGE: Option<Duration> = None;
+    /// The kind's uniqueness rule (`#[job(unique(...))]`), if any.
+    const UNIQUE: Option<Unique> = None;
+    /// Debounce (`#[job(debounce = "30s")]`): each enqueue replaces the pending job's args
+    /// and pushes its `run_after` to now plus this; implies a uniqueness rule over pending
+    /// jobs (by the `unique(by = …)` fields, or one pending job per kind).
+    const DEBOUNCE: Option<Duration> = None;
 
     /// The arguments, stored as JSON in `jobs.payload`.
     type Args: Serialize + DeserializeOwned + Send + 'static;
@@ -92,6 +107,37 @@ pub trait Job: Send + Sync + 'static {
     /// enqueue with the same key inserts nothing and returns the first job's id.
     fn idempotency_key(args: &Self::Args) -> Option<String> {
         let _ = args;
+        None
+    }
+
+    /// The uniqueness key of `args` (the `unique(by = …)` fields); `None` means the whole
+    /// args, when the kind has a uniqueness rule.
+    fn unique_key(args: &Self::Args) -> Option<serde_json::Value> {
+        let _ = args;
+        None
+    }
+
+    /// Decodes a stored payload of `version`: the current version directly, older ones
+    /// through the kind's [`Upgrade`] chain (`#[job(version = N)]` writes this).
+    ///
+    /// # Errors
+    ///
+    /// A [`DecodeError`] with code `decode` or `unknown_version`.
+    fn decode(version: u32, payload: &str) -> Result<Self::Args, DecodeError> {
+        if version == Self::VERSION {
+            decode_as(Self::KIND, version, payload)
+        } else {
+            Err(DecodeError::unknown_version(
+                Self::KIND,
+                version,
+                Self::VERSION,
+            ))
+        }
+    }
+
+    /// The kind's own periodic schedule and its args (`#[job(cron = …)]`, `every = …`);
+    /// the runtime registers it under the kind's name.
+    fn periodic() -> Option<(crate::maintenance::Schedule, Self::Args)> {
         None
     }
 
@@ -139,9 +185,27 @@ pub trait Job: Send + Sync + 'static {
         I: IntoIterator<Item = Self::Args>,
         Self: Sized,
     {
-        let prepared: Result<Vec<store::NewJob>, Error> = args
+        Self::enqueue_many_with(conn, args.into_iter().map(EnqueueBuilder::<Self>::new))
+    }
+
+    /// Enqueues many jobs with options in one round trip:
+    /// `J::enqueue_many_with(conn, items.map(|a| J::with(a).run_in(d)))`. Returns one
+    /// [`Enqueued`] per input, in order, duplicates reported per item.
+    ///
+    /// # Errors
+    ///
+    /// As [`Job::enqueue`]; nothing is inserted if any job is rejected.
+    fn enqueue_many_with<'c, I>(
+        conn: impl Into<Conn<'c>>,
+        builders: I,
+    ) -> impl Future<Output = Result<Vec<Enqueued>, Error>> + Send
+    where
+        I: IntoIterator<Item = EnqueueBuilder<Self>>,
+        Self: Sized,
+    {
+        let prepared: Result<Vec<store::NewJob>, Error> = builders
             .into_iter()
-            .map(|a| EnqueueBuilder::<Self>::new(a).into_new_job())
+            .map(EnqueueBuilder::into_new_job)
             .collect();
         let conn = conn.into();
         async move {
@@ -180,8 +244,12 @@ impl fmt::Display for JobId {
 pub struct Enqueued {
     /// The job's id: the new row's, or for a duplicate the existing row's.
     pub id: JobId,
-    /// `true` when the idempotency key matched an existing job and nothing was inserted.
+    /// `true` when the idempotency key or the uniqueness rule matched an existing job and
+    /// nothing was inserted.
     pub duplicate: bool,
+    /// `true` when a duplicate replaced the existing pending job's args or `run_after`
+    /// ([`Replace`], debounce); `false` otherwise, as for a duplicate of a running job.
+    pub replaced: bool,
 }
 
 /// An enqueue with options, from [`Job::with`].
@@ -195,6 +263,10 @@ pub struct EnqueueBuilder<J: Job> {
     max_attempts: Option<u32>,
     idempotency_key: Option<String>,
     wake: bool,
+    unique: Option<Unique>,
+    on_conflict: Option<Replace>,
+    max_age: Option<Duration>,
+    deadline: Option<DateTime<Utc>>,
     _job: PhantomData<fn() -> J>,
 }
 
@@ -209,6 +281,10 @@ impl<J: Job> fmt::Debug for EnqueueBuilder<J> {
             .field("queue", &self.queue)
             .field("max_attempts", &self.max_attempts)
             .field("wake", &self.wake)
+            .field("unique", &self.unique)
+            .field("on_conflict", &self.on_conflict)
+            .field("max_age", &self.max_age)
+            .field("deadline", &self.deadline)
             .finish_non_exhaustive()
     }
 }
@@ -225,6 +301,10 @@ impl<J: Job> EnqueueBuilder<J> {
             max_attempts: None,
             idempotency_key: None,
             wake: true,
+            unique: J::UNIQUE,
+            on_conflict: None,
+            max_age: J::MAX_AGE,
+            deadline: None,
             _job: PhantomData,
         }
     }
@@ -275,6 +355,33 @@ impl<J: Job> EnqueueBuilder<J> {
     /// transactions one at a time (see README, "Wake-ups").
     pub fn wake(mut self, wake: bool) -> Self {
         self.wake = wake;
+        self
+    }
+
+    /// A uniqueness rule for this enqueue (overrides the kind's): see [`Unique`].
+    pub fn unique(mut self, unique: Unique) -> Self {
+        self.unique = Some(unique);
+        self
+    }
+
+    /// What a duplicate of a pending job replaces in it (see [`Replace`]). Without a
+    /// uniqueness rule of its own, the kind's is used, or the default [`Unique::new`].
+    pub fn on_conflict(mut self, replace: Replace) -> Self {
+        self.on_conflict = Some(replace);
+        self
+    }
+
+    /// Not done within `max_age` of its creation, the job fails with code `expired`
+    /// (overrides the kind's `max_age`).
+    pub fn max_age(mut self, max_age: Duration) -> Self {
+        self.max_age = Some(max_age);
+        self
+    }
+
+    /// Not done by `deadline`, the job fails with code `expired` (with a `max_age`, the
+    /// earlier of the two applies).
+    pub fn deadline(mut self, deadline: DateTime<Utc>) -> Self {
+        self.deadline = Some(deadline);
         self
     }
 
@@ -333,6 +440,7 @@ impl<J: Job> EnqueueBuilder<J> {
             None => J::idempotency_key(&self.args),
         };
         let max_attempts = self.max_attempts.unwrap_or_else(|| J::RETRY.max_attempts());
+        let (delay, on_conflict, unique) = self.debounced();
         let job = store::NewJob {
             kind: J::KIND.to_owned(),
             queue: self.queue.clone().unwrap_or_else(|| J::QUEUE.to_owned()),
@@ -348,11 +456,76 @@ impl<J: Job> EnqueueBuilder<J> {
                 )
             })?,
             run_after: self.run_after,
-            delay_secs: self.delay.map(|d| d.as_secs_f64()),
+            delay_secs: delay.map(|d| d.as_secs_f64()),
             idempotency_key,
+            time: self.time_opts(on_conflict, unique.as_ref())?,
         };
         job.validate()?;
         Ok(job)
+    }
+}
+
+impl<J: Job> EnqueueBuilder<J> {
+    /// The delay, replacement and uniqueness rule after the kind's debounce: each enqueue
+    /// pushes the pending job to now + debounce and replaces its args, unless this enqueue
+    /// set its own time or replacement.
+    fn debounced(&self) -> (Option<Duration>, Option<Replace>, Option<Unique>) {
+        let Some(debounce) = J::DEBOUNCE else {
+            return (self.delay, self.on_conflict, self.unique.clone());
+        };
+        let explicit_time = self.run_after.is_some() || self.delay.is_some();
+        let delay = if explicit_time {
+            self.delay
+        } else {
+            Some(debounce)
+        };
+        let unique = self
+            .unique
+            .clone()
+            .or_else(|| Some(Unique::new().states(&[UniqueState::Pending])));
+        (
+            delay,
+            Some(self.on_conflict.unwrap_or(Replace::both())),
+            unique,
+        )
+    }
+
+    /// The columns of `0005_time` this enqueue sets.
+    fn time_opts(
+        &self,
+        on_conflict: Option<Replace>,
+        unique: Option<&Unique>,
+    ) -> Result<store::TimeOpts, Error> {
+        let unique = match (unique, on_conflict) {
+            (Some(u), _) => Some(u.clone()),
+            (None, Some(_)) => Some(Unique::new()),
+            (None, None) => None,
+        };
+        let unique_key = match &unique {
+            None => None,
+            Some(u) => Some(match u.explicit_key() {
+                Some(key) => key.to_owned(),
+                None => {
+                    let serialize = |source| Error::Serialize {
+                        kind: J::KIND.to_owned(),
+                        source,
+                    };
+                    match J::unique_key(&self.args) {
+                        Some(fields) => serde_json::to_string(&fields).map_err(serialize)?,
+                        None => serde_json::to_string(&self.args).map_err(serialize)?,
+                    }
+                }
+            }),
+        };
+        Ok(store::TimeOpts {
+            payload_version: i32::try_from(J::VERSION).unwrap_or(i32::MAX),
+            unique_states: unique.as_ref().map_or(0, Unique::state_bits),
+            unique_period_secs: unique.as_ref().and_then(Unique::period_secs),
+            unique_key,
+            replace: on_conflict,
+            max_age_secs: self.max_age.map(|d| d.as_secs_f64()),
+            deadline: self.deadline,
+        })
     }
 }
 

@@ -71,8 +71,8 @@ mod store;
 pub use context::{InTransaction, JobContext};
 pub use error::{Classification, Classify, Disposition, Error, JobError};
 pub use job::{
-    Conn, EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN,
-    MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN,
+    Conn, DecodeError, EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN,
+    MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN, Replace, Unique, UniqueState, Upgrade,
 };
 /// Declares a job from an async handler.
 ///
@@ -146,6 +146,14 @@ pub use job::{
 /// | `priority` | an `i16`, smaller runs first | `0` |
 /// | `lease` | a duration, at least `"300ms"` | `"60s"` |
 /// | `timeout` | a duration | no limit |
+/// | `cron` | a cron expression (5 fields, or 6 with seconds first); the kind is periodic, its args `()` or `Default` | not periodic |
+/// | `tz` | an IANA zone for `cron`, `"Europe/Berlin"` | `"UTC"` |
+/// | `every` | a duration; periodic at multiples of it since the epoch | not periodic |
+/// | `missed` | `"skip"`, `"once"` or `"all(max = N)"`: slots that passed while no node ran | `"once"` |
+/// | `unique` | `unique(by = [fields], period = D, states = [pending, running, …])`, each part optional | not unique |
+/// | `debounce` | a duration: each enqueue replaces the pending job's args and pushes it to now + D | none |
+/// | `max_age` | a duration: not done by then, the job fails with code `expired` | no limit |
+/// | `version` | the payload version stored, at least 1; older rows decode through [`macro@upgrade`]s | `1` |
 /// | `crate` | the path jobq is reachable at, `"::my_deps::jobq"` | `"::jobq"` |
 ///
 /// `N` counts every attempt, the first included (at least 1). A duration `D` is a whole
@@ -166,6 +174,35 @@ pub use job::{
 /// token, saying what is allowed.
 #[doc(inline)]
 pub use jobq_macros::job;
+pub use maintenance::{Missed, Schedule};
+
+/// Declares an upgrade of a job's payload from version `from` to the next:
+/// `#[jobq::upgrade(from = 1)] fn v1_to_v2(old: InvoiceArgsV1) -> InvoiceArgs`. It
+/// implements [`Upgrade<1>`](Upgrade) for the returned type; a `#[job(version = N)]`
+/// chains the upgrades `1 → 2 → … → N` to decode old rows, and a gap in the chain is a
+/// compile error at `version`.
+///
+/// ```
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct InvoiceArgsV1 { id: i64 }
+/// #[derive(Serialize, Deserialize)]
+/// struct InvoiceArgs { id: i64, currency: String }
+///
+/// #[jobq::upgrade(from = 1)]
+/// fn v1_to_v2(old: InvoiceArgsV1) -> InvoiceArgs {
+///     InvoiceArgs { id: old.id, currency: "EUR".into() }
+/// }
+///
+/// #[jobq::job(kind = "send_invoice_v", version = 2)]
+/// async fn send_invoice(args: InvoiceArgs) -> Result<(), jobq::JobError> {
+///     let _ = (args.id, args.currency);
+///     Ok(())
+/// }
+/// ```
+#[doc(inline)]
+pub use jobq_macros::upgrade;
 
 /// Derives [`Classify`](trait@Classify) for an error enum or struct.
 ///
@@ -225,7 +262,7 @@ pub use registry::{Failure, JobHandler, Registration, registered_jobs};
 pub use retry::{DEFAULT_MAX_ATTEMPTS, RetryPolicy};
 pub use runtime::{
     AttemptOutcome, DEFAULT_CONCURRENCY, DEFAULT_PREFETCH, DrainReport, DrainedAttempt, Runtime,
-    RuntimeBuilder, RuntimeHandle, ShutdownReport, run_attempt,
+    RuntimeBuilder, RuntimeHandle, ShutdownReport, run_attempt, run_attempt_versioned,
 };
 
 /// What generated code needs; not part of the public API.
@@ -239,7 +276,11 @@ pub mod __private {
 
     pub use crate::context::JobContext;
     pub use crate::error::{Classification, Classify, Disposition, Error};
-    pub use crate::job::{Conn, EnqueueBuilder, Enqueued, Job};
+    pub use crate::job::{
+        Conn, DecodeError, EnqueueBuilder, Enqueued, Job, Replace, Unique, UniqueState, Upgrade,
+        decode_as,
+    };
+    pub use crate::maintenance::{Missed, Schedule};
     pub use crate::registry::Registration;
     pub use crate::retry::RetryPolicy;
     pub use async_trait;

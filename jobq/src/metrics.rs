@@ -13,6 +13,9 @@
 //! | `jobq_job_wait_seconds` | histogram | `kind`, `queue` | due (`run_after`) to claim |
 //! | `jobq_queue_depth` | gauge | `queue` | due pending jobs, refreshed by each runtime's worker heartbeat |
 //! | `jobq_queue_oldest_age_seconds` | gauge | `queue` | now − `run_after` of the oldest due job |
+//! | `jobq_schedule_slots_total` | counter | `schedule` | a periodic slot's job was enqueued |
+//! | `jobq_schedule_lag_seconds` | gauge | `schedule` | now − the schedule's next slot while it is due and not yet enqueued (0 otherwise), refreshed by each scheduler pass |
+//! | `jobq_schedule_paused` | gauge | `schedule` | 1 while an operator paused the schedule |
 
 /// Counter: jobs inserted by enqueue.
 pub const JOBS_ENQUEUED: &str = "jobq_jobs_enqueued_total";
@@ -32,6 +35,26 @@ pub const JOB_WAIT: &str = "jobq_job_wait_seconds";
 pub const QUEUE_DEPTH: &str = "jobq_queue_depth";
 /// Gauge: age of the oldest due job per queue, seconds.
 pub const QUEUE_OLDEST_AGE: &str = "jobq_queue_oldest_age_seconds";
+
+/// Counter: periodic slots enqueued.
+pub const SCHEDULE_SLOTS: &str = "jobq_schedule_slots_total";
+/// Gauge: how late a due schedule's next slot is.
+pub const SCHEDULE_LAG: &str = "jobq_schedule_lag_seconds";
+/// Gauge: 1 while a schedule is paused.
+pub const SCHEDULE_PAUSED: &str = "jobq_schedule_paused";
+
+pub(crate) fn schedule_slots(schedule: &str, n: u64) {
+    metrics::counter!(SCHEDULE_SLOTS, "schedule" => schedule.to_owned()).increment(n);
+}
+
+pub(crate) fn schedule_gauges(schedule: &str, lag_secs: f64, paused: bool) {
+    metrics::gauge!(SCHEDULE_LAG, "schedule" => schedule.to_owned()).set(lag_secs);
+    metrics::gauge!(SCHEDULE_PAUSED, "schedule" => schedule.to_owned()).set(if paused {
+        1.0
+    } else {
+        0.0
+    });
+}
 
 pub(crate) fn enqueued(kind: &str, queue: &str, n: u64) {
     if n > 0 {

@@ -39,6 +39,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "fencing",
         sql: include_str!("../migrations/0003_fencing.sql"),
     },
+    Migration {
+        version: 5,
+        name: "time",
+        sql: include_str!("../migrations/0005_time.sql"),
+    },
 ];
 
 /// An advisory-lock key only jobq's migrations use ("jobq" in ASCII).

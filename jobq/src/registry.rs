@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use serde::de::DeserializeOwned;
 
 use crate::context::JobContext;
 use crate::error::{Classification, Classify, Error};
@@ -52,7 +51,13 @@ trait ErasedJob: Send + Sync + 'static {
     fn timeout(&self) -> Option<Duration>;
     fn retry(&self) -> RetryPolicy;
     fn check(&self, payload: &str) -> Result<(), String>;
-    fn run(&self, ctx: JobContext, payload: String) -> BoxFuture<'static, Result<(), Failure>>;
+    fn periodic(&self) -> Option<Result<crate::maintenance::Periodic, Error>>;
+    fn run(
+        &self,
+        ctx: JobContext,
+        version: i32,
+        payload: String,
+    ) -> BoxFuture<'static, Result<(), Failure>>;
 }
 
 struct Typed<J>(std::marker::PhantomData<fn() -> J>);
@@ -77,13 +82,30 @@ impl<J: Job> ErasedJob for Typed<J> {
         J::RETRY
     }
     fn check(&self, payload: &str) -> Result<(), String> {
-        decode_args::<J::Args>(J::KIND, payload).map(drop)
+        J::decode(J::VERSION, payload).map(drop).map_err(|e| e.message)
     }
-    fn run(&self, ctx: JobContext, payload: String) -> BoxFuture<'static, Result<(), Failure>> {
+    fn periodic(&self) -> Option<Result<crate::maintenance::Periodic, Error>> {
+        let (schedule, args) = J::periodic()?;
+        Some(crate::maintenance::scheduler_entry::<J>(schedule, args))
+    }
+    fn run(
+        &self,
+        ctx: JobContext,
+        version: i32,
+        payload: String,
+    ) -> BoxFuture<'static, Result<(), Failure>> {
         Box::pin(async move {
-            let args: J::Args = decode_args(J::KIND, &payload).map_err(|message| Failure {
-                class: Classification::permanent("decode"),
-                message,
+            let decoded = match u32::try_from(version) {
+                Ok(v) => J::decode(v, &payload),
+                Err(_) => Err(crate::job::DecodeError::unknown_version(
+                    J::KIND,
+                    0,
+                    J::VERSION,
+                )),
+            };
+            let args: J::Args = decoded.map_err(|e| Failure {
+                class: Classification::permanent(e.code),
+                message: e.message,
             })?;
             drop(payload);
             J::run(ctx, args).await.map_err(|e| Failure {
@@ -141,89 +163,23 @@ impl JobHandler {
         self.inner.check(&payload.to_string())
     }
 
-    /// Decodes `payload` and runs the handler; no timeout, no panic catching (the
-    /// executor adds those).
+    /// The kind's own schedule (`#[job(cron = …)]`), as the scheduler runs it.
+    pub(crate) fn periodic(&self) -> Option<Result<crate::maintenance::Periodic, Error>> {
+        self.inner.periodic()
+    }
+
+    /// Decodes `payload` of payload version `version` and runs the handler; no timeout,
+    /// no panic catching (the executor adds those).
     pub(crate) fn call(
         &self,
         ctx: JobContext,
+        version: i32,
         payload: String,
     ) -> BoxFuture<'static, Result<(), Failure>> {
-        self.inner.run(ctx, payload)
+        self.inner.run(ctx, version, payload)
     }
 }
 
-/// Decodes a stored payload as `T`. The error names where decoding stopped (the path into
-/// the payload) and what was expected there, never a value: every double-quoted part of
-/// serde's message (a string from the payload) is cut, and so is every back-quoted part
-/// that is a number or whose text occurs in the payload (a character, an unknown field
-/// or variant); an unknown field's name is left out of the path too.
-fn decode_args<T: DeserializeOwned>(kind: &str, payload: &str) -> Result<T, String> {
-    let mut de = serde_json::Deserializer::from_str(payload);
-    let decoded = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let mut segments: Vec<_> = e.path().iter().collect();
-        let inner = e.inner().to_string();
-        if inner.starts_with("unknown field") {
-            // The last segment is the unknown key itself: the payload's, not the schema's.
-            segments.pop();
-        }
-        let mut path = String::new();
-        for segment in &segments {
-            let text = segment.to_string();
-            if !path.is_empty() && !text.starts_with('[') {
-                path.push('.');
-            }
-            path.push_str(&text);
-        }
-        if path.is_empty() {
-            path.push('.');
-        }
-        let message = redact(&inner, payload);
-        if path == "." {
-            format!("payload does not decode as the args of `{kind}`: {message}")
-        } else {
-            format!("payload does not decode as the args of `{kind}`: at `{path}`: {message}")
-        }
-    })?;
-    // Trailing characters; serde_json's message for them quotes nothing.
-    de.end()
-        .map_err(|e| format!("payload does not decode as the args of `{kind}`: {e}"))?;
-    Ok(decoded)
-}
-
-/// `message` with the quoted parts that may come from `payload` replaced by `…`.
-fn redact(message: &str, payload: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut rest = message;
-    while let Some(start) = rest.find(['"', '`']) {
-        let quote = rest[start..].chars().next().unwrap_or('"');
-        let body = &rest[start + 1..];
-        let end = if quote == '"' {
-            // Debug-quoted: skip escaped characters.
-            let mut escaped = false;
-            body.char_indices()
-                .find(|&(_, c)| {
-                    let close = c == '"' && !escaped;
-                    escaped = c == '\\' && !escaped;
-                    close
-                })
-                .map(|(i, _)| i)
-        } else {
-            body.find('`')
-        };
-        let Some(end) = end else { break };
-        let inner = &body[..end];
-        out.push_str(&rest[..=start]);
-        if quote == '"' || payload.contains(inner) || inner.parse::<f64>().is_ok() {
-            out.push('…');
-        } else {
-            out.push_str(inner);
-        }
-        out.push(quote);
-        rest = &body[end + 1..];
-    }
-    out.push_str(rest);
-    out
-}
 
 /// A job type's entry in the binary-wide `inventory`, submitted by `#[jobq::job]`.
 #[derive(Debug)]
@@ -290,60 +246,5 @@ impl Registry {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.by_kind.is_empty()
-    }
-}
-
-#[cfg(test)]
-mod decode_tests {
-    use super::decode_args;
-
-    #[derive(Debug, serde::Deserialize)]
-    #[allow(dead_code)]
-    struct Args {
-        n: i64,
-        customer: Customer,
-    }
-
-    #[derive(Debug, serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    #[allow(dead_code)]
-    struct Customer {
-        email: String,
-        tier: Tier,
-    }
-
-    #[derive(Debug, serde::Deserialize)]
-    enum Tier {
-        Gold,
-    }
-
-    #[test]
-    fn a_decode_error_names_the_path_and_the_type_never_the_value() {
-        let bad = [
-            r#"{"n": "S3CR3T-1", "customer": {"email": "a@b", "tier": "Gold"}}"#,
-            r#"{"n": 1, "customer": {"email": 98765432, "tier": "Gold"}}"#,
-            r#"{"n": 1, "customer": {"email": "a@b", "tier": "S3CR3T-2"}}"#,
-            r#"{"n": 1, "customer": {"email": "a@b", "tier": "Gold", "S3CR3T-3": 1}}"#,
-            r#"{"n": 1.5e3, "customer": {"email": "a@b", "tier": "Gold"}}"#,
-        ];
-        for payload in bad {
-            let e = decode_args::<Args>("k", payload).unwrap_err();
-            assert!(!e.contains("S3CR3T"), "{e}");
-            assert!(!e.contains("98765432"), "{e}");
-            assert!(!e.contains("1500"), "{e}");
-            assert!(e.contains("at `"), "{e}");
-        }
-        let e = decode_args::<Args>("k", bad[0]).unwrap_err();
-        assert!(e.contains("at `n`") && e.contains("expected i64"), "{e}");
-        let missing = decode_args::<Args>("k", r#"{"n": 1}"#).unwrap_err();
-        assert!(missing.contains("missing field `customer`"), "{missing}");
-    }
-
-    #[test]
-    fn deep_nesting_and_huge_numbers_are_decode_errors() {
-        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
-        assert!(decode_args::<serde_json::Value>("k", &deep).is_err());
-        let e = decode_args::<serde_json::Value>("k", r#"{"n":1e400}"#).unwrap_err();
-        assert!(e.contains("number out of range"), "{e}");
     }
 }

@@ -71,6 +71,8 @@ pub struct Stats {
     pub runtimes: Vec<RunTimeStats>,
     /// Live workers.
     pub workers: Vec<WorkerStats>,
+    /// Periodic schedules: next and last slot, the last slot's job state, paused.
+    pub schedules: Vec<crate::store::ScheduleRow>,
 }
 
 /// One queue.
@@ -219,6 +221,7 @@ pub async fn stats_with(pool: &PgPool, opts: &StatsOptions) -> Result<Stats, Err
     let runs = store::stats_run_times(&mut conn, since, i64::from(opts.samples)).await?;
     let queue_rows = store::queue_list(&mut conn).await?;
     let workers = store::worker_list_live(&mut conn, opts.worker_ttl.as_secs_f64()).await?;
+    let schedules = store::schedules_list(&mut conn).await?;
     drop(conn);
 
     let workers: Vec<WorkerStats> = workers
@@ -381,6 +384,7 @@ pub async fn stats_with(pool: &PgPool, opts: &StatsOptions) -> Result<Stats, Err
         failures: failures.into_values().collect(),
         runtimes,
         workers,
+        schedules,
     })
 }
 

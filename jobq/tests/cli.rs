@@ -364,3 +364,89 @@ async fn edit_payload_fixes_a_failed_job_before_its_replay() {
     assert!(err(&url, &["edit-payload", "999", "{}"]).contains("999"));
     db.close().await;
 }
+
+struct Nightly;
+
+impl jobq::Job for Nightly {
+    const KIND: &'static str = "nightly_report";
+    type Args = ();
+    type Error = jobq::JobError;
+    async fn run(_ctx: jobq::JobContext, _args: ()) -> Result<(), jobq::JobError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_list_pause_resume_and_run_now() {
+    let db = TestDatabase::new().await.unwrap();
+    let url = url(&db);
+    let rt = jobq::Runtime::builder(db.pool().clone())
+        .auto_register(false)
+        .periodic::<Nightly>(
+            jobq::Schedule::cron("0 3 * * *")
+                .tz("Europe/Berlin")
+                .named("nightly"),
+            (),
+        )
+        .build()
+        .unwrap();
+    let at: chrono::DateTime<chrono::Utc> = "2026-07-01T12:00:00Z".parse().unwrap();
+    rt.scheduler().register_at(Some(at)).await.unwrap();
+    rt.scheduler()
+        .run_once_at(Some("2026-07-02T01:00:02Z".parse().unwrap()))
+        .await
+        .unwrap();
+
+    let list = json(&url, &["schedules"]);
+    let s = &list[0];
+    assert_eq!(s["name"], "nightly");
+    assert_eq!(s["kind"], "nightly_report");
+    assert_eq!(s["expression"], "0 3 * * *");
+    assert_eq!(s["tz"], "Europe/Berlin");
+    assert_eq!(s["next_slot"], "2026-07-03T01:00:00Z");
+    assert_eq!(s["last_slot"], "2026-07-02T01:00:00Z");
+    assert_eq!(s["last_job_state"], "pending");
+    assert_eq!(s["paused"], false);
+    let table = ok(&url, &["schedules"]);
+    assert!(
+        table.contains("nightly") && table.contains("Europe/Berlin"),
+        "{table}"
+    );
+
+    let p = json(
+        &url,
+        &["schedule", "pause", "nightly", "--reason", "freeze"],
+    );
+    assert_eq!(
+        (p["was_paused"].as_bool(), p["paused"].as_bool()),
+        (Some(false), Some(true))
+    );
+    assert!(ok(&url, &["schedules"]).contains("paused by ops-test"));
+    assert_eq!(json(&url, &["schedules"])[0]["paused"], true);
+    let r = json(&url, &["schedule", "resume", "nightly"]);
+    assert_eq!(r["was_paused"], true);
+    let n = json(
+        &url,
+        &["schedule", "run-now", "nightly", "--reason", "rerun"],
+    );
+    let id = n["job"].as_i64().unwrap();
+    let kind: String = sqlx::query_scalar("SELECT kind FROM jobq.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(kind, "nightly_report");
+    assert!(err(&url, &["schedule", "pause", "nope"]).contains("nope"));
+
+    let audit = json(&url, &["audit"]);
+    let actions: Vec<&str> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["action"].as_str())
+        .collect();
+    for a in ["schedule_pause", "schedule_resume", "schedule_run_now"] {
+        assert!(actions.contains(&a), "{actions:?}");
+    }
+    assert!(ok(&url, &["audit"]).contains("schedule nightly"));
+}

@@ -124,6 +124,52 @@ async fn never_fails(_ctx: JobContext, _args: InvoiceArgs) -> Result<(), Never> 
     Ok(())
 }
 
+/// Version 1 of the report args.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ReportV1 {
+    /// The customer.
+    pub customer: String,
+}
+
+/// The report args.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ReportArgs {
+    /// The customer.
+    pub customer_id: i64,
+    /// The customer's name.
+    pub name: String,
+}
+
+/// Upgrades a version 1 report.
+#[jobq::upgrade(from = 1)]
+#[must_use]
+pub fn report_v1(old: ReportV1) -> ReportArgs {
+    ReportArgs {
+        customer_id: 0,
+        name: old.customer,
+    }
+}
+
+/// Every key about time and uniqueness at once.
+///
+/// # Errors
+///
+/// Never.
+#[jobq::job(
+    kind = "timed_report",
+    version = 2,
+    cron = "0 3 * * *",
+    tz = "Europe/Berlin",
+    missed = "all(max = 2)",
+    unique(by = [customer_id], period = "1h", states = [pending]),
+    debounce = "30s",
+    max_age = "24h"
+)]
+pub async fn timed_report(args: ReportArgs) -> Result<(), JobError> {
+    let _ = (args.customer_id, args.name);
+    Ok(())
+}
+
 #[test]
 fn expansion_is_usable() {
     assert_eq!(SendInvoice::KIND, "send_invoice");
@@ -169,6 +215,7 @@ fn expansion_is_usable() {
         "private_once",
         "crate_visible",
         "never_fails",
+        "timed_report",
     ] {
         assert!(kinds.contains(&kind), "{kind} not registered: {kinds:?}");
     }

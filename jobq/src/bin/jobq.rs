@@ -7,6 +7,9 @@
 //! otherwise. Every action is written to `jobq.job_audit` with `--actor` (default
 //! `$USER`) and `--reason`.
 
+#[path = "jobq/schedules.rs"]
+mod schedules;
+
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -151,6 +154,14 @@ enum Command {
         /// Do not ask for confirmation.
         #[arg(long, short)]
         yes: bool,
+    },
+    /// Periodic schedules: expression, zone, next and last slot, the last slot's job and
+    /// its state, paused.
+    Schedules,
+    /// Pause, resume or run a periodic schedule now (audited).
+    Schedule {
+        #[command(subcommand)]
+        action: schedules::ScheduleAction,
     },
     /// The most recent operator actions.
     Audit {
@@ -933,6 +944,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 );
             }
         }
+        Command::Schedules => schedules::list(&admin, json).await?,
+        Command::Schedule { action } => schedules::act(&admin, action, json).await?,
         Command::Audit { limit } => {
             let rows = admin.audit(limit).await?;
             if json {
@@ -949,8 +962,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                                 || {
                                     a.detail
                                         .as_ref()
-                                        .and_then(|d| d["queue"].as_str())
-                                        .map_or_else(|| "-".to_owned(), |q| format!("queue {q}"))
+                                        .and_then(|d| {
+                                            d["queue"]
+                                                .as_str()
+                                                .map(|q| format!("queue {q}"))
+                                                .or_else(|| {
+                                                    d["schedule"]
+                                                        .as_str()
+                                                        .map(|s| format!("schedule {s}"))
+                                                })
+                                        })
+                                        .unwrap_or_else(|| "-".to_owned())
                                 },
                                 |id| format!("job {id}"),
                             ),

@@ -6,12 +6,15 @@
 mod leader;
 mod pruner;
 mod reaper;
+mod scheduler;
 mod workers;
 
 pub use crate::store::ReapReport;
 pub use leader::Leader;
 pub use pruner::{PRUNER_LOCK, PruneReport, Pruner, PrunerConfig, Retention};
 pub use reaper::{Reaper, ReaperConfig};
+pub use scheduler::{Missed, Schedule, Scheduler, SchedulerConfig, SchedulerReport};
+pub(crate) use scheduler::{Periodic, scheduler_entries, scheduler_entry};
 pub use workers::{WorkerHeartbeat, WorkerHeartbeatConfig};
 
 use std::time::Duration;

@@ -55,13 +55,13 @@ impl Failure {
     }
 }
 
-/// Runs one attempt of `handler` on `payload`: decode, timeout, panic catching,
+/// Runs one attempt of `handler` on `payload` (its version and JSON): decode, timeout, panic catching,
 /// classification. `interrupt` resolving first drops the handler's future and yields
 /// `interrupt`'s outcome.
 pub(crate) async fn execute<I>(
     handler: &JobHandler,
     ctx: JobContext,
-    payload: String,
+    (version, payload): (i32, String),
     interrupt: I,
 ) -> AttemptOutcome
 where
@@ -70,7 +70,7 @@ where
     // Cancelled however the attempt ends, so work the handler spawned with the context's
     // token stops with it, before the job can run again.
     let _cancel_on_exit = ctx.cancel_on_drop();
-    let run = AssertUnwindSafe(handler.call(ctx, payload)).catch_unwind();
+    let run = AssertUnwindSafe(handler.call(ctx, version, payload)).catch_unwind();
     let timed = async {
         match handler.timeout() {
             Some(limit) => tokio::time::timeout(limit, run).await.ok(),
@@ -138,8 +138,20 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 /// # }
 /// ```
 pub async fn run_attempt<J: Job>(ctx: JobContext, payload: serde_json::Value) -> AttemptOutcome {
+    let version = i32::try_from(J::VERSION).unwrap_or(i32::MAX);
+    run_attempt_versioned::<J>(ctx, version, payload).await
+}
+
+/// As [`run_attempt`], for a payload stored with payload version `version`: an older
+/// version is decoded through the kind's upgrades ([`Job::decode`]), one with no upgrade
+/// path fails permanently with code `unknown_version`.
+pub async fn run_attempt_versioned<J: Job>(
+    ctx: JobContext,
+    version: i32,
+    payload: serde_json::Value,
+) -> AttemptOutcome {
     let handler = JobHandler::of::<J>();
-    execute(&handler, ctx, payload.to_string(), std::future::pending()).await
+    execute(&handler, ctx, (version, payload.to_string()), std::future::pending()).await
 }
 
 /// Everything one attempt in the running runtime needs besides its job.
@@ -270,7 +282,8 @@ pub(crate) async fn run_claimed(
         let outcome = match waited {
             Ok(s) => {
                 slot = Some(s);
-                let outcome = execute(&handler, ctx, payload, stop).await;
+                let version = job.payload_version;
+                let outcome = execute(&handler, ctx, (version, payload), stop).await;
                 env.finished
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 outcome

@@ -10,7 +10,7 @@ mod lease;
 mod producer;
 mod spares;
 
-pub use executor::{AttemptOutcome, run_attempt};
+pub use executor::{AttemptOutcome, run_attempt, run_attempt_versioned};
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -28,7 +28,8 @@ use crate::context::State;
 use crate::error::Error;
 use crate::job::Job;
 use crate::maintenance::{
-    Pruner, PrunerConfig, Reaper, ReaperConfig, WorkerHeartbeat, WorkerHeartbeatConfig,
+    Periodic, Pruner, PrunerConfig, Reaper, ReaperConfig, Schedule, Scheduler, SchedulerConfig,
+    WorkerHeartbeat, WorkerHeartbeatConfig,
 };
 use crate::notify::{self, Wakers};
 use crate::registry::{JobHandler, Registry, registered_jobs};
@@ -63,9 +64,28 @@ pub struct RuntimeBuilder {
     state: State,
     pruner: Option<PrunerConfig>,
     heartbeat: Option<WorkerHeartbeatConfig>,
+    periodic: Vec<Result<Periodic, Error>>,
+    scheduler: Option<SchedulerConfig>,
 }
 
 impl RuntimeBuilder {
+    /// Enqueues a `J` with `args` at every slot of `schedule`, exactly once per slot
+    /// across all nodes (see [`Schedule`]); for schedules known only at run time, several
+    /// per kind with names of their own. Also serves `J`.
+    pub fn periodic<J: Job>(mut self, schedule: Schedule, args: J::Args) -> Self {
+        self.handlers.push(JobHandler::of::<J>());
+        self.periodic
+            .push(crate::maintenance::scheduler_entry::<J>(schedule, args));
+        self
+    }
+
+    /// The scheduler's settings (periodic slots, expiry of jobs past their maximum age);
+    /// `None` runs no scheduler in this runtime (another node must).
+    pub fn scheduler(mut self, config: Option<SchedulerConfig>) -> Self {
+        self.scheduler = config;
+        self
+    }
+
     /// Hands `value` to every attempt; a handler reads it with
     /// [`JobContext::state::<T>()`](crate::JobContext::state). One value per type; a
     /// second call with the same type replaces the first.
@@ -221,6 +241,12 @@ impl RuntimeBuilder {
             .max(Duration::from_millis(50));
         let worker_id = self.worker_id.unwrap_or_else(default_worker_id);
         let own = own_pool(&self.pool, queues.len() + OWN_SERVICE_CONNECTIONS);
+        let periodic = crate::maintenance::scheduler_entries(&registry, self.periodic)?;
+        let scheduler = Scheduler::new(
+            own.clone(),
+            self.scheduler.clone().unwrap_or_default(),
+            periodic,
+        )?;
         let (kinds, lease_secs) = registry
             .handlers()
             .map(|h| (h.kind().to_owned(), h.lease().as_secs_f64()))
@@ -243,6 +269,8 @@ impl RuntimeBuilder {
                 state: self.state,
                 pruner: self.pruner,
                 heartbeat: self.heartbeat,
+                scheduler: self.scheduler.map(|_| scheduler.clone()),
+                schedules: scheduler,
             }),
         })
     }
@@ -315,6 +343,10 @@ pub(crate) struct Config {
     pub(crate) state: State,
     pub(crate) pruner: Option<PrunerConfig>,
     pub(crate) heartbeat: Option<WorkerHeartbeatConfig>,
+    /// The scheduler this runtime runs, if any.
+    pub(crate) scheduler: Option<Scheduler>,
+    /// The scheduler over its schedules, run or not (for [`Runtime::scheduler`]).
+    pub(crate) schedules: Scheduler,
 }
 
 /// A configured runtime, not yet running.
@@ -354,7 +386,15 @@ impl Runtime {
             state: State::default(),
             pruner: Some(PrunerConfig::default()),
             heartbeat: Some(WorkerHeartbeatConfig::default()),
+            periodic: Vec::new(),
+            scheduler: Some(SchedulerConfig::default()),
         }
+    }
+
+    /// Its scheduler (periodic schedules and expiry), for passes at a chosen time in tests
+    /// and tools: `rt.scheduler().run_once_at(Some(t))`.
+    pub fn scheduler(&self) -> Scheduler {
+        self.config.schedules.clone()
     }
 
     /// The kinds this runtime serves.
@@ -424,6 +464,10 @@ impl Runtime {
         if let Some(rc) = config.reaper.clone() {
             let reaper = Reaper::new(config.own.clone(), rc);
             services.push(tokio::spawn(reaper.run(stop_services.clone())));
+        }
+        if let Some(scheduler) = config.scheduler.clone() {
+            scheduler.register().await?;
+            services.push(tokio::spawn(scheduler.run(stop_services.clone())));
         }
         if let Some(pc) = config.pruner.clone() {
             let pruner = Pruner::new(config.own.clone(), pc);

@@ -315,7 +315,8 @@ async fn drain_one(
         let (deadline, _) = tokio::sync::watch::channel(Instant::now() + handler.lease());
         let ctx = attempt_context(config, &job, CancellationToken::new(), Arc::new(deadline));
         let payload = std::mem::take(&mut job.payload);
-        let outcome = execute(&handler, ctx, payload, std::future::pending()).await;
+        let version = job.payload_version;
+        let outcome = execute(&handler, ctx, (version, payload), std::future::pending()).await;
         tracing::Span::current().record("job.outcome", outcome.label());
         let mut state = None;
         if let Some(write) = outcome_write(&handler, &job, &outcome) {

@@ -15,6 +15,10 @@ pub(crate) async fn job_insert(
     job: &NewJob,
     wake: Wake<'_>,
 ) -> Result<(Enqueued, Option<TxOf>), Error> {
+    if !job.time.is_plain() {
+        let (mut e, tx) = super::job_insert_timed(conn, std::slice::from_ref(job), wake).await?;
+        return Ok((e.remove(0), tx));
+    }
     if job.idempotency_key.is_none() {
         return job_insert_unkeyed(conn, job, wake).await;
     }
@@ -57,6 +61,7 @@ pub(crate) async fn job_insert(
         let enqueued = Enqueued {
             id: JobId(row.try_get("id")?),
             duplicate: row.try_get("duplicate")?,
+            replaced: false,
         };
         return Ok((enqueued, TxOf::from_row(&row)?));
     }
@@ -68,6 +73,7 @@ pub(crate) async fn job_insert(
             Enqueued {
                 id,
                 duplicate: true,
+                replaced: false,
             },
             None,
         )),
@@ -120,6 +126,7 @@ async fn job_insert_unkeyed(
     let enqueued = Enqueued {
         id: JobId(row.try_get("id")?),
         duplicate: false,
+        replaced: false,
     };
     Ok((enqueued, TxOf::from_row(&row)?))
 }
@@ -201,6 +208,9 @@ pub(crate) async fn job_insert_many(
 ) -> Result<(Vec<Enqueued>, Option<TxOf>), Error> {
     if jobs.is_empty() {
         return Ok((Vec::new(), None));
+    }
+    if jobs.iter().any(|j| !j.time.is_plain()) {
+        return super::job_insert_timed(conn, jobs, wake).await;
     }
     if jobs.iter().all(|j| j.idempotency_key.is_none()) {
         return job_insert_many_unkeyed(conn, jobs, wake).await;
@@ -290,7 +300,11 @@ pub(crate) async fn job_insert_many(
                     )
                 })?,
         };
-        out.push(Enqueued { id, duplicate });
+        out.push(Enqueued {
+            id,
+            duplicate,
+            replaced: false,
+        });
     }
     Ok((out, tx))
 }
@@ -369,6 +383,7 @@ async fn job_insert_many_unkeyed(
         .map(|id| Enqueued {
             id: JobId(id),
             duplicate: false,
+            replaced: false,
         })
         .collect();
     Ok((enqueued, tx))
@@ -389,6 +404,8 @@ pub(crate) struct ClaimedJob {
     pub(crate) payload: String,
     pub(crate) priority: i16,
     pub(crate) created_at: DateTime<Utc>,
+    /// `jobs.payload_version`, for the kind's upgrades.
+    pub(crate) payload_version: i32,
     /// How long the job waited between becoming due (`run_after`) and this claim.
     pub(crate) wait_secs: f64,
 }
@@ -423,6 +440,7 @@ pub(crate) async fn job_claim(
             WHERE j.state = 'pending' AND j.queue = $1
               AND j.run_after <= coalesce($6, now())
               AND j.kind = ANY($2)
+              AND (j.expires_at IS NULL OR j.expires_at > coalesce($6, now()))
               AND NOT EXISTS (SELECT 1 FROM jobq.queues q WHERE q.name = $1 AND q.paused)
             ORDER BY j.priority, j.run_after, j.id
             LIMIT $4
@@ -438,8 +456,7 @@ pub(crate) async fn job_claim(
         FROM candidates c, served s
         WHERE j.id = c.id AND s.kind = j.kind
         RETURNING j.id, j.lease_gen, j.attempts, j.max_attempts, j.kind, j.queue,
-                  j.payload::text AS payload, j.priority,
-                  j.created_at,
+                  j.payload::text AS payload, j.priority, j.created_at, j.payload_version,
                   greatest(extract(epoch FROM j.started_at - j.run_after), 0)::float8 AS wait_secs
         "#,
     )
@@ -463,6 +480,7 @@ pub(crate) async fn job_claim(
             payload: row.try_get("payload")?,
             priority: row.try_get("priority")?,
             created_at: row.try_get("created_at")?,
+            payload_version: row.try_get("payload_version")?,
             wait_secs: row.try_get("wait_secs")?,
         });
     }
@@ -592,19 +610,24 @@ pub(crate) async fn job_fail(
             SELECT id,
                    CASE WHEN cancel_requested OR $3 = 'cancel' THEN 'cancelled'
                         WHEN $3 = 'permanent' OR attempts >= max_attempts THEN 'failed'
+                        -- Past its age by the time the retry would run: not retried.
+                        WHEN expires_at <= coalesce($7, now()) + make_interval(secs => $6)
+                            THEN 'expired'
                         ELSE 'pending' END AS next_state,
                    coalesce($7, now()) AS at
             FROM jobq.jobs
             WHERE id = $1 AND lease_gen = $2 AND state = 'running'
         )
         UPDATE jobq.jobs j
-        SET state = cur.next_state,
+        -- `expired`: past its maximum age, the job is not retried whatever attempts remain.
+        SET state = CASE WHEN cur.next_state = 'expired' THEN 'failed' ELSE cur.next_state END,
             run_after = CASE WHEN cur.next_state = 'pending'
                              THEN cur.at + make_interval(secs => $6) ELSE j.run_after END,
             locked_until = NULL,
             locked_by = NULL,
-            last_error_code = $4,
-            last_error = $5,
+            last_error_code = CASE WHEN cur.next_state = 'expired' THEN 'expired' ELSE $4 END,
+            last_error = CASE WHEN cur.next_state = 'expired'
+                              THEN 'past its maximum age (not retried): ' || $5 ELSE $5 END,
             first_failed_at = coalesce(j.first_failed_at, cur.at),
             last_failed_at = cur.at,
             finished_at = CASE WHEN cur.next_state = 'pending' THEN NULL ELSE cur.at END,

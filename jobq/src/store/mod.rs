@@ -41,9 +41,11 @@ mod effects;
 mod jobs;
 mod lease;
 mod prune;
+mod schedules;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod unique;
 mod wake;
 mod workers;
 
@@ -54,7 +56,10 @@ pub(crate) use jobs::*;
 pub use lease::ReapReport;
 pub(crate) use lease::*;
 pub(crate) use prune::*;
+pub use schedules::ScheduleRow;
+pub(crate) use schedules::*;
 pub(crate) use stats::*;
+pub(crate) use unique::*;
 pub(crate) use wake::*;
 pub(crate) use workers::*;
 
@@ -84,6 +89,8 @@ pub(crate) struct NewJob {
     pub(crate) run_after: Option<DateTime<Utc>>,
     pub(crate) delay_secs: Option<f64>,
     pub(crate) idempotency_key: Option<String>,
+    /// Payload version, uniqueness, maximum age (`0005_time`).
+    pub(crate) time: TimeOpts,
 }
 
 impl NewJob {

@@ -1,0 +1,341 @@
+//! The insert of jobs that carry options of `0005_time`: a payload version, a uniqueness
+//! rule (with or without replacing a pending duplicate), a maximum age or a deadline.
+//! Jobs without them take the plain inserts of `jobs.rs`.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, Row};
+
+use super::{NewJob, TxOf, Wake};
+use crate::error::Error;
+use crate::job::{Enqueued, JobId, Replace};
+
+/// The options of `0005_time` one job carries.
+#[derive(Debug, Clone)]
+pub(crate) struct TimeOpts {
+    /// `jobs.payload_version`.
+    pub(crate) payload_version: i32,
+    /// The uniqueness key's text (hashed with its period bucket by the database).
+    pub(crate) unique_key: Option<String>,
+    /// The states holding the key, as a bitmask (see `jobq.job_state_in`).
+    pub(crate) unique_states: i16,
+    /// The period bucket's length, if any.
+    pub(crate) unique_period_secs: Option<f64>,
+    /// What a duplicate of a pending job replaces.
+    pub(crate) replace: Option<Replace>,
+    /// `expires_at = created_at + max_age`.
+    pub(crate) max_age_secs: Option<f64>,
+    /// `expires_at` at most this.
+    pub(crate) deadline: Option<DateTime<Utc>>,
+}
+
+impl Default for TimeOpts {
+    fn default() -> Self {
+        TimeOpts {
+            payload_version: 1,
+            unique_key: None,
+            unique_states: 0,
+            unique_period_secs: None,
+            replace: None,
+            max_age_secs: None,
+            deadline: None,
+        }
+    }
+}
+
+impl TimeOpts {
+    /// Whether the job needs none of them, so the plain insert does.
+    pub(crate) fn is_plain(&self) -> bool {
+        self.payload_version == 1
+            && self.unique_key.is_none()
+            && self.max_age_secs.is_none()
+            && self.deadline.is_none()
+    }
+}
+
+/// The uniqueness key as stored: md5 of the key's text and its period bucket, both taken
+/// by the database's clock.
+macro_rules! unique_key_sql {
+    ($key:literal, $period:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $key,
+            " IS NOT NULL THEN md5(",
+            $key,
+            " || coalesce('|' || floor(extract(epoch FROM now())::float8 / ",
+            $period,
+            ")::bigint::text, '')) END"
+        )
+    };
+}
+
+/// Inserts jobs of which at least one carries options of `0005_time`, in one statement,
+/// in input order; a duplicate (by idempotency key or uniqueness rule, against existing
+/// rows or earlier in the batch) comes back with the existing id. A job that replaces a
+/// pending duplicate ([`Replace`]) takes a statement of its own.
+pub(crate) async fn job_insert_timed(
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+    wake: Wake<'_>,
+) -> Result<(Vec<Enqueued>, Option<TxOf>), Error> {
+    if jobs.iter().any(|j| j.time.replace.is_some()) {
+        let mut out = Vec::with_capacity(jobs.len());
+        let mut tx = None;
+        for job in jobs {
+            let (e, t) = match job.time.replace {
+                Some(replace) => job_insert_replacing(conn, job, replace, wake).await?,
+                None => {
+                    let (mut e, t) =
+                        Box::pin(job_insert_timed(conn, std::slice::from_ref(job), wake)).await?;
+                    (e.remove(0), t)
+                }
+            };
+            out.push(e);
+            tx = tx.or(t);
+        }
+        return Ok((out, tx));
+    }
+    let rows = sqlx::query(concat!(
+        r#"
+        WITH input AS (
+            SELECT t.*, nextval('jobq.jobs_id_seq') AS new_id,
+                   "#,
+        unique_key_sql!("t.ukey", "t.uperiod"),
+        r#" AS unique_key
+            FROM unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::int4[],
+                        $6::timestamptz[], $7::float8[], $8::text[], $9::int4[], $10::text[],
+                        $11::int2[], $12::float8[], $13::float8[], $14::timestamptz[])
+                 WITH ORDINALITY AS t(kind, queue, payload, priority, max_attempts,
+                                      run_after, delay, idempotency_key, version, ukey,
+                                      ustates, uperiod, max_age, deadline, ord)
+        ),
+        ins AS (
+            INSERT INTO jobq.jobs
+                (id, kind, queue, payload, priority, max_attempts, run_after, idempotency_key,
+                 payload_version, unique_key, unique_states, expires_at)
+            SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts,
+                   coalesce(run_after, now() + make_interval(secs => coalesce(delay, 0))),
+                   idempotency_key, version, unique_key,
+                   CASE WHEN unique_key IS NOT NULL THEN ustates END,
+                   least(now() + make_interval(secs => max_age), deadline)
+            FROM input ORDER BY ord
+            ON CONFLICT DO NOTHING
+            RETURNING id, kind, idempotency_key, unique_key, queue, run_after
+        ),
+        "#,
+        here_sql!("$16"),
+        r#",
+        wake AS (
+            SELECT pg_notify($15, q.queue)
+            FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q, here
+            WHERE $15::text IS NOT NULL AND NOT here.routed
+        )
+        SELECT i.ord,
+               coalesce(n.id, dup.id) AS id,
+               (n.id IS NULL) AS duplicate,
+               (SELECT count(*) FROM wake) AS woke,
+               CASE WHEN i.ord = 1 THEN here.db END AS tx_database,
+               CASE WHEN here.routed AND i.ord = 1
+                    THEN pg_current_xact_id()::text::int8 END AS tx_xid
+        FROM input i
+        CROSS JOIN here
+        LEFT JOIN ins n ON n.id = i.new_id
+        LEFT JOIN LATERAL (
+            SELECT CASE WHEN n.id IS NULL THEN coalesce(
+                (SELECT x.id FROM ins x
+                 WHERE x.kind = i.kind
+                   AND (x.idempotency_key = i.idempotency_key OR x.unique_key = i.unique_key)
+                 LIMIT 1),
+                (SELECT j.id FROM jobq.jobs j
+                 WHERE i.idempotency_key IS NOT NULL
+                   AND j.kind = i.kind AND j.idempotency_key = i.idempotency_key),
+                (SELECT j.id FROM jobq.jobs j
+                 WHERE i.unique_key IS NOT NULL AND j.kind = i.kind
+                   AND j.unique_key = i.unique_key
+                   AND jobq.job_state_in(j.unique_states, j.state)
+                 LIMIT 1)
+            ) END AS id
+        ) dup ON n.id IS NULL
+        ORDER BY i.ord
+        "#
+    ))
+    .bind(jobs.iter().map(|j| j.kind.as_str()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.payload.as_str()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.run_after).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.delay_secs).collect::<Vec<_>>())
+    .bind(
+        jobs.iter()
+            .map(|j| j.idempotency_key.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        jobs.iter()
+            .map(|j| j.time.payload_version)
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        jobs.iter()
+            .map(|j| j.time.unique_key.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        jobs.iter()
+            .map(|j| j.time.unique_states)
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        jobs.iter()
+            .map(|j| j.time.unique_period_secs)
+            .collect::<Vec<_>>(),
+    )
+    .bind(jobs.iter().map(|j| j.time.max_age_secs).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.time.deadline).collect::<Vec<_>>())
+    .bind(wake.channel())
+    .bind(wake.routes())
+    .fetch_all(&mut *conn)
+    .await?;
+    let tx = match rows.first() {
+        Some(row) => TxOf::from_row(row)?,
+        None => None,
+    };
+    let mut out = Vec::with_capacity(jobs.len());
+    for (job, row) in jobs.iter().zip(rows) {
+        let id: Option<i64> = row.try_get("id")?;
+        let duplicate: bool = row.try_get("duplicate")?;
+        let id = match id {
+            Some(id) => JobId(id),
+            // The holder committed after this statement's snapshot: look again.
+            None => job_find_duplicate(conn, job).await?,
+        };
+        out.push(Enqueued {
+            id,
+            duplicate,
+            replaced: false,
+        });
+    }
+    Ok((out, tx))
+}
+
+/// Inserts one job whose duplicate, if pending, it replaces (args, `run_after` or both) in
+/// the same statement. A duplicate in another listed state is left alone.
+async fn job_insert_replacing(
+    conn: &mut PgConnection,
+    job: &NewJob,
+    replace: Replace,
+    wake: Wake<'_>,
+) -> Result<(Enqueued, Option<TxOf>), Error> {
+    let row = sqlx::query(concat!(
+        r#"
+        WITH ins AS (
+            INSERT INTO jobq.jobs AS j
+                (kind, queue, payload, priority, max_attempts, run_after, idempotency_key,
+                 payload_version, unique_key, unique_states, expires_at)
+            VALUES ($1, $2, $3::text::jsonb, $4, $5,
+                    coalesce($6, now() + make_interval(secs => coalesce($7, 0))), $8, $9,
+                    "#,
+        unique_key_sql!("$10::text", "$12::float8"),
+        r#", $11, least(now() + make_interval(secs => $13), $14))
+            ON CONFLICT (kind, unique_key)
+                WHERE unique_key IS NOT NULL AND jobq.job_state_in(unique_states, state)
+            DO UPDATE SET
+                payload = CASE WHEN $17 THEN EXCLUDED.payload ELSE j.payload END,
+                payload_version = CASE WHEN $17 THEN EXCLUDED.payload_version
+                                       ELSE j.payload_version END,
+                run_after = CASE WHEN $18 THEN EXCLUDED.run_after ELSE j.run_after END
+            WHERE j.state = 'pending'
+            RETURNING j.id, j.queue, j.run_after, (j.xmax = 0) AS inserted
+        ),
+        "#,
+        here_sql!("$16"),
+        r#",
+        wake AS (
+            SELECT pg_notify($15, ins.queue) FROM ins, here
+            WHERE $15::text IS NOT NULL AND ins.run_after <= now() AND NOT here.routed
+        )
+        SELECT ins.id, ins.inserted, (SELECT count(*) FROM wake) AS woke,
+               here.db AS tx_database,
+               CASE WHEN here.routed THEN pg_current_xact_id()::text::int8 END AS tx_xid
+        FROM ins, here
+        "#
+    ))
+    .bind(&job.kind)
+    .bind(&job.queue)
+    .bind(&job.payload)
+    .bind(job.priority)
+    .bind(job.max_attempts)
+    .bind(job.run_after)
+    .bind(job.delay_secs)
+    .bind(&job.idempotency_key)
+    .bind(job.time.payload_version)
+    .bind(&job.time.unique_key)
+    .bind(job.time.unique_states)
+    .bind(job.time.unique_period_secs)
+    .bind(job.time.max_age_secs)
+    .bind(job.time.deadline)
+    .bind(wake.channel())
+    .bind(wake.routes())
+    .bind(replace.args)
+    .bind(replace.run_after)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match row {
+        Some(row) => {
+            let inserted: bool = row.try_get("inserted")?;
+            let e = Enqueued {
+                id: JobId(row.try_get("id")?),
+                duplicate: !inserted,
+                replaced: !inserted,
+            };
+            Ok((e, TxOf::from_row(&row)?))
+        }
+        // The duplicate is not pending (running, or another listed state): untouched.
+        None => {
+            let id = job_find_duplicate(conn, job).await?;
+            tracing::debug!(kind = %job.kind, id = id.0, "duplicate is not pending; nothing replaced");
+            Ok((
+                Enqueued {
+                    id,
+                    duplicate: true,
+                    replaced: false,
+                },
+                None,
+            ))
+        }
+    }
+}
+
+/// The job `job` duplicates, found with a fresh snapshot.
+async fn job_find_duplicate(conn: &mut PgConnection, job: &NewJob) -> Result<JobId, Error> {
+    let id: Option<i64> = sqlx::query_scalar(concat!(
+        r#"
+        SELECT coalesce(
+            (SELECT j.id FROM jobq.jobs j
+             WHERE $2::text IS NOT NULL AND j.kind = $1 AND j.idempotency_key = $2),
+            (SELECT j.id FROM jobq.jobs j
+             WHERE $3::text IS NOT NULL AND j.kind = $1
+               AND j.unique_key = "#,
+        unique_key_sql!("$3::text", "$4::float8"),
+        r#"
+               AND jobq.job_state_in(j.unique_states, j.state)
+             LIMIT 1))
+        "#
+    ))
+    .bind(&job.kind)
+    .bind(&job.idempotency_key)
+    .bind(&job.time.unique_key)
+    .bind(job.time.unique_period_secs)
+    .fetch_one(&mut *conn)
+    .await?;
+    id.map(JobId).ok_or_else(|| {
+        Error::invalid(
+            "unique_conflict",
+            format!(
+                "job of kind `{}` conflicted on its key, but the existing row is not visible \
+                 (is this a REPEATABLE READ transaction?)",
+                job.kind
+            ),
+        )
+    })
+}
