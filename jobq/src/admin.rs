@@ -365,24 +365,25 @@ impl Admin {
         match t {
             Some(t) => Ok(t),
             None => Err(self
-                .refuse(id, "cancel", "pending, failed or running")
+                .refuse(id, "cancel", "scheduled, pending, failed or running")
                 .await),
         }
     }
 
-    /// Makes a `pending` job that waits for its backoff (or its scheduled time) due now.
+    /// Makes a `scheduled` job (waiting for its backoff or its scheduled time) `pending`
+    /// and due now.
     ///
     /// # Errors
     ///
     /// [`Error::NotFound`] for an unknown id, [`Error::WrongState`] when the job is not
-    /// pending or already due, [`Error::Database`] when the database cannot be reached.
+    /// scheduled (or already due), [`Error::Database`] when the database cannot be reached.
     pub async fn retry_now(&self, id: JobId, reason: Option<&str>) -> Result<Transition, Error> {
         let mut conn = self.pool.acquire().await?;
         let t = store::job_retry_now(&mut conn, id.0, self.who(reason), None).await?;
         drop(conn);
         match t {
             Some(t) => Ok(t),
-            None => Err(self.refuse(id, "retry-now", "waiting pending").await),
+            None => Err(self.refuse(id, "retry-now", "scheduled").await),
         }
     }
 

@@ -34,6 +34,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "operations",
         sql: include_str!("../migrations/0002_operations.sql"),
     },
+    Migration {
+        version: 4,
+        name: "scale",
+        sql: include_str!("../migrations/0004_scale.sql"),
+    },
 ];
 
 /// An advisory-lock key only jobq's migrations use ("jobq" in ASCII).

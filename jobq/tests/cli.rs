@@ -234,7 +234,7 @@ async fn replay_cancel_retry_pause_resume_and_prune() {
     assert!(ok(&url, &["retry-now", "17"]).contains("job 17 is due now"));
     assert!(
         err(&url, &["retry-now", "17"])
-            .contains("job 17 is pending; retry-now applies only to waiting pending jobs")
+            .contains("job 17 is pending; retry-now applies only to scheduled jobs")
     );
 
     // Pause and resume.

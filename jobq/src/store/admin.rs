@@ -94,7 +94,7 @@ pub(crate) async fn job_replay_many(
     transitions(rows)
 }
 
-/// Cancels a job: `pending` or `failed` becomes `cancelled` at once; a `running` job gets
+/// Cancels a job: `scheduled`, `pending` or `failed` becomes `cancelled` at once; a `running` job gets
 /// `cancel_requested` (its attempt finishes, then the runtime writes `cancelled` instead
 /// of a retry, and its heartbeat cancels the attempt's context). Audited as `cancel` or
 /// `cancel_requested`.
@@ -108,7 +108,8 @@ pub(crate) async fn job_cancel(
         WITH target AS MATERIALIZED (
             SELECT id, state FROM jobq.jobs
             WHERE id = $1
-              AND (state IN ('pending', 'failed') OR (state = 'running' AND NOT cancel_requested))
+              AND (state IN ('scheduled', 'pending', 'failed')
+                   OR (state = 'running' AND NOT cancel_requested))
             FOR UPDATE
         ),
         upd AS (
@@ -137,7 +138,8 @@ pub(crate) async fn job_cancel(
     Ok(transitions(rows)?.pop())
 }
 
-/// Makes a pending job that waits (for its backoff or a scheduled time) due at `now`.
+/// Makes a job that waits (`scheduled`: for its backoff or a scheduled time) `pending`
+/// and due at `now`.
 pub(crate) async fn job_retry_now(
     conn: &mut PgConnection,
     id: i64,
@@ -147,16 +149,16 @@ pub(crate) async fn job_retry_now(
     let rows = sqlx::query(
         r#"
         WITH target AS MATERIALIZED (
-            SELECT id, run_after FROM jobq.jobs
-            WHERE id = $1 AND state = 'pending' AND run_after > coalesce($4, now())
+            SELECT id, state, run_after FROM jobq.jobs
+            WHERE id = $1 AND state IN ('scheduled', 'pending') AND run_after > coalesce($4, now())
             FOR UPDATE
         ),
         upd AS (
-            UPDATE jobq.jobs j SET run_after = coalesce($4, now())
+            UPDATE jobq.jobs j SET state = 'pending', run_after = coalesce($4, now())
             FROM target t
-            WHERE j.id = t.id AND j.state = 'pending'
+            WHERE j.id = t.id AND j.state = t.state
             RETURNING j.id, j.queue, t.run_after AS run_after_before,
-                      'pending'::text AS before_state, 'pending'::text AS after_state
+                      t.state AS before_state, 'pending'::text AS after_state
         ),
         audit AS (
             INSERT INTO jobq.job_audit
@@ -302,7 +304,7 @@ pub struct JobRow {
     pub payload: serde_json::Value,
     /// The payload's schema version.
     pub payload_version: i32,
-    /// `pending`, `running`, `done`, `failed` or `cancelled`.
+    /// `scheduled`, `pending`, `running`, `done`, `failed` or `cancelled`.
     pub state: String,
     /// Smaller runs first.
     pub priority: i16,

@@ -23,9 +23,11 @@ pub(crate) async fn job_insert(
             r#"
         WITH ins AS (
             INSERT INTO jobq.jobs
-                (kind, queue, payload, priority, max_attempts, run_after, idempotency_key)
-            VALUES ($1, $2, $3::text::jsonb, $4, $5,
-                    coalesce($6, now() + make_interval(secs => coalesce($7, 0))), $8)
+                (kind, queue, payload, priority, max_attempts, run_after, idempotency_key, state)
+            SELECT $1, $2, $3::text::jsonb, $4, $5, t.at, $8, "#,
+            state_sql!("t.at"),
+            r#"
+            FROM (SELECT coalesce($6, now() + make_interval(secs => coalesce($7, 0))) AS at) t
             ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING id, run_after
         ),
@@ -95,9 +97,11 @@ async fn job_insert_unkeyed(
         sqlx::query(concat!(
             r#"
         WITH ins AS (
-            INSERT INTO jobq.jobs (kind, queue, payload, priority, max_attempts, run_after)
-            VALUES ($1, $2, $3::text::jsonb, $4, $5,
-                    coalesce($6, now() + make_interval(secs => coalesce($7, 0))))
+            INSERT INTO jobq.jobs (kind, queue, payload, priority, max_attempts, run_after, state)
+            SELECT $1, $2, $3::text::jsonb, $4, $5, t.at, "#,
+            state_sql!("t.at"),
+            r#"
+            FROM (SELECT coalesce($6, now() + make_interval(secs => coalesce($7, 0))) AS at) t
             RETURNING id, run_after
         ),
         "#,
@@ -221,11 +225,14 @@ pub(crate) async fn job_insert_many(
         ),
         ins AS (
             INSERT INTO jobq.jobs
-                (id, kind, queue, payload, priority, max_attempts, run_after, idempotency_key)
-            SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts,
-                   coalesce(run_after, now() + make_interval(secs => coalesce(delay, 0))),
-                   idempotency_key
-            FROM input ORDER BY ord
+                (id, kind, queue, payload, priority, max_attempts, run_after, idempotency_key,
+                 state)
+            SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts, at,
+                   idempotency_key, "#, state_sql!("at"), r#"
+            FROM input,
+                 LATERAL (SELECT coalesce(run_after,
+                                          now() + make_interval(secs => coalesce(delay, 0))) AS at) t
+            ORDER BY ord
             ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING id, kind, idempotency_key, queue, run_after
         ),
@@ -318,10 +325,12 @@ async fn job_insert_many_unkeyed(
         ),
         ins AS (
             INSERT INTO jobq.jobs
-                (id, kind, queue, payload, priority, max_attempts, run_after)
-            SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts,
-                   coalesce(run_after, now() + make_interval(secs => coalesce(delay, 0)))
-            FROM input
+                (id, kind, queue, payload, priority, max_attempts, run_after, state)
+            SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts, at,
+                   "#, state_sql!("at"), r#"
+            FROM input,
+                 LATERAL (SELECT coalesce(run_after,
+                                          now() + make_interval(secs => coalesce(delay, 0))) AS at) t
             RETURNING queue, run_after
         ),
         "#,
@@ -405,6 +414,12 @@ pub(crate) struct ClaimParams<'a> {
 /// a MATERIALIZED CTE (`FOR UPDATE SKIP LOCKED LIMIT n`, so the planner cannot update more
 /// rows than the limit), then moved to `running` with `attempts + 1` and a lease.
 /// A queue an operator paused (`jobq.queues.paused`) yields nothing.
+///
+/// The candidates are found by one probe of `jobs_claim_kind_idx` per served kind, each
+/// reading only due rows of that kind in claim order, so rows the claim will not take
+/// cost it nothing: future and backoff rows are `scheduled` (not in the index), other
+/// kinds are other index ranges, finished rows are not in it. With several kinds a probe
+/// may lock rows the final `LIMIT` drops; they are unlocked when the statement ends.
 pub(crate) async fn job_claim(
     conn: &mut PgConnection,
     p: &ClaimParams<'_>,
@@ -415,14 +430,18 @@ pub(crate) async fn job_claim(
             SELECT * FROM unnest($2::text[], $3::float8[]) AS s(kind, lease)
         ),
         candidates AS MATERIALIZED (
-            SELECT j.id FROM jobq.jobs j
-            WHERE j.state = 'pending' AND j.queue = $1
-              AND j.run_after <= coalesce($6, now())
-              AND j.kind = ANY($2)
-              AND NOT EXISTS (SELECT 1 FROM jobq.queues q WHERE q.name = $1 AND q.paused)
-            ORDER BY j.priority, j.run_after, j.id
+            SELECT c.id FROM served k
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_after FROM jobq.jobs j
+                WHERE j.state = 'pending' AND j.queue = $1 AND j.kind = k.kind
+                  AND j.run_after <= coalesce($6, now())
+                ORDER BY j.priority, j.run_after, j.id
+                LIMIT $4
+                FOR UPDATE SKIP LOCKED
+            ) c
+            WHERE NOT EXISTS (SELECT 1 FROM jobq.queues q WHERE q.name = $1 AND q.paused)
+            ORDER BY c.priority, c.run_after, c.id
             LIMIT $4
-            FOR UPDATE SKIP LOCKED
         )
         UPDATE jobq.jobs j
         SET state = 'running',
@@ -569,8 +588,9 @@ pub(crate) struct FailParams<'a> {
     pub(crate) now: Option<DateTime<Utc>>,
 }
 
-/// Records a failed attempt, fenced by `(id, attempt)`: back to `pending` with
-/// `run_after = now + delay` while attempts remain and the failure is retryable; `failed`
+/// Records a failed attempt, fenced by `(id, attempt)`: back to `scheduled` with
+/// `run_after = now + delay` (`pending` when the delay is zero) while attempts remain and
+/// the failure is retryable; `failed`
 /// when permanent or exhausted; `cancelled` when the job cancelled itself or an operator
 /// asked for it while it ran. Appends to the bounded `errors` history. Returns the new
 /// state, or `None` when the fence did not match.
@@ -584,6 +604,7 @@ pub(crate) async fn job_fail(
             SELECT id,
                    CASE WHEN cancel_requested OR $3 = 'cancel' THEN 'cancelled'
                         WHEN $3 = 'permanent' OR attempts >= max_attempts THEN 'failed'
+                        WHEN $6 > 0 THEN 'scheduled'
                         ELSE 'pending' END AS next_state,
                    coalesce($7, now()) AS at
             FROM jobq.jobs
@@ -591,7 +612,7 @@ pub(crate) async fn job_fail(
         )
         UPDATE jobq.jobs j
         SET state = cur.next_state,
-            run_after = CASE WHEN cur.next_state = 'pending'
+            run_after = CASE WHEN cur.next_state IN ('pending', 'scheduled')
                              THEN cur.at + make_interval(secs => $6) ELSE j.run_after END,
             locked_until = NULL,
             locked_by = NULL,
@@ -599,7 +620,8 @@ pub(crate) async fn job_fail(
             last_error = $5,
             first_failed_at = coalesce(j.first_failed_at, cur.at),
             last_failed_at = cur.at,
-            finished_at = CASE WHEN cur.next_state = 'pending' THEN NULL ELSE cur.at END,
+            finished_at = CASE WHEN cur.next_state IN ('pending', 'scheduled')
+                               THEN NULL ELSE cur.at END,
             errors = (CASE WHEN jsonb_array_length(j.errors) >= $8
                            THEN j.errors - 0 ELSE j.errors END)
                      || jsonb_build_array(jsonb_build_object(
