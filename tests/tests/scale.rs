@@ -175,3 +175,55 @@ async fn jobq_testing_drain_sees_scheduled_jobs() -> anyhow::Result<()> {
     db.close().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_slow_bulk_replay_holds_no_connection_while_it_waits() -> anyhow::Result<()> {
+    let db = TestDatabase::new().await?;
+    sqlx::query(
+        "INSERT INTO jobq.jobs (kind, payload, state, attempts, max_attempts, finished_at)
+         SELECT 'idle', jsonb_build_object('n', i), 'failed', 1, 1,
+                now() - interval '1 second'
+         FROM generate_series(1, 20) i",
+    )
+    .execute(db.pool())
+    .await?;
+    // A pool of one: a replay holding its connection through the pauses would starve
+    // every other user of the pool until it ends (20 jobs at 5/s: about 4 s).
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&format!(
+            "{}/{}",
+            jobq_testing::database_url().rsplit_once('/').unwrap().0,
+            db.name()
+        ))
+        .await?;
+    let admin = Admin::new(one.clone());
+    let replay = tokio::spawn(async move {
+        admin
+            .replay_many(
+                &jobq::admin::Filter::default(),
+                jobq::admin::BulkReplay::at_rate(5.0),
+                None,
+            )
+            .await
+    });
+    let started = eventually(Duration::from_secs(30), || async {
+        count(db.pool(), "pending").await > 0
+    })
+    .await;
+    assert!(started);
+    let conn = tokio::time::timeout(Duration::from_secs(30), one.acquire()).await??;
+    assert!(
+        !replay.is_finished(),
+        "the pool's connection was free while the replay paused"
+    );
+    drop(conn);
+    let report = replay.await??;
+    assert_eq!((report.matched, report.replayed), (20, 20));
+    assert_eq!(report.ids.len(), 20);
+    assert!(report.ids.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(count(db.pool(), "pending").await, 20);
+    one.close().await;
+    db.close().await;
+    Ok(())
+}

@@ -274,14 +274,19 @@ pub(crate) async fn queue_set_paused(
 }
 
 /// Whether `queue` is known: it has jobs, a live or recent worker serves it, or it has a
-/// row in `jobq.queues`.
+/// row in `jobq.queues`. Each test is an index probe (pending rows: the claim index;
+/// running rows: few; every other state: `jobs_queue_idx`), so a queue without jobs
+/// costs no scan of the table.
 pub(crate) async fn queue_exists(conn: &mut PgConnection, queue: &str) -> Result<bool, Error> {
     let known: bool = sqlx::query_scalar(
         r#"
         SELECT EXISTS (SELECT 1 FROM jobq.queues WHERE name = $1)
             OR EXISTS (SELECT 1 FROM jobq.workers WHERE queues ? $1)
             OR EXISTS (SELECT 1 FROM jobq.jobs WHERE state = 'pending' AND queue = $1)
-            OR EXISTS (SELECT 1 FROM jobq.jobs WHERE queue = $1)
+            OR EXISTS (SELECT 1 FROM jobq.jobs WHERE state = 'running' AND queue = $1)
+            OR EXISTS (SELECT 1 FROM jobq.jobs
+                       WHERE state IN ('scheduled', 'done', 'failed', 'cancelled')
+                         AND queue = $1)
         "#,
     )
     .bind(queue)
@@ -501,6 +506,27 @@ pub(crate) async fn job_ids_terminal(
         .bind(limit)
         .fetch_all(&mut *conn)
         .await?)
+}
+
+/// How many terminal jobs match `f`.
+pub(crate) async fn job_count_terminal(
+    conn: &mut PgConnection,
+    f: &TerminalFilter<'_>,
+) -> Result<u64, Error> {
+    let sql = format!(
+        "SELECT count(*) FROM jobq.jobs
+         WHERE state IN ('failed', 'cancelled') AND {TERMINAL_WHERE}"
+    );
+    let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(f.states)
+        .bind(f.kind)
+        .bind(f.queue)
+        .bind(f.code)
+        .bind(f.since)
+        .bind(f.until)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// A job's state, for explaining why an action did not apply (`None`: no such job).

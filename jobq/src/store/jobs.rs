@@ -497,12 +497,12 @@ pub(crate) enum FenceResult {
 /// Marks jobs `done` in one statement, each fenced by `(id, attempt)`. Returns one result
 /// per input, in order.
 ///
-/// The rows are found by primary key (`id = ANY($1)`) and each one's fence checked
-/// against its own attempt (`array_position`), with no join: joined to `unnest(…)`, the
-/// planner, told by statistics taken while the queue was full of pending jobs that
-/// almost nothing runs, scanned every running job through the lease index and rescanned
-/// the input for each, quadratic in the jobs running. (The state test is written
-/// `IS TRUE` so that the partial lease index cannot be chosen at all.) The UPDATE returns
+/// The input `unnest(ids, attempts)` drives a nested loop over the primary key, one
+/// probe per fence, linear in the batch. (Looking each row's attempt up with
+/// `array_position` instead was quadratic: 5,000 completions took 0.5 s in the scan
+/// alone.) The state test is written `IS TRUE` so that the partial lease index cannot be
+/// chosen: statistics taken while the queue was full of pending jobs say almost nothing
+/// runs, and a plan driven by that index rescanned the input for every running job. The UPDATE returns
 /// the ids it applied to and the results are matched up here; only inputs it did not
 /// apply to (rare: stale attempts, or jobs the attempt completed in its own transaction)
 /// need the second statement that tells those two apart.
@@ -521,8 +521,8 @@ pub(crate) async fn job_complete_many(
         UPDATE jobq.jobs j
         SET state = 'done', finished_at = coalesce($3, now()),
             locked_until = NULL, locked_by = NULL
-        WHERE j.id = ANY($1::bigint[]) AND (j.state = 'running') IS TRUE
-          AND j.attempts = ($2::int4[])[array_position($1::bigint[], j.id)]
+        FROM unnest($1::bigint[], $2::int4[]) AS f(id, attempt)
+        WHERE j.id = f.id AND (j.state = 'running') IS TRUE AND j.attempts = f.attempt
         RETURNING j.id
         "#,
     )
@@ -557,9 +557,9 @@ pub(crate) async fn job_complete_many(
     let attempts: Vec<i32> = missed.iter().map(|f| f.1).collect();
     let done: Vec<i64> = sqlx::query_scalar(
         r#"
-        SELECT j.id FROM jobq.jobs j
-        WHERE j.id = ANY($1::bigint[]) AND j.state = 'done'
-          AND j.attempts = ($2::int4[])[array_position($1::bigint[], j.id)]
+        SELECT j.id FROM unnest($1::bigint[], $2::int4[]) AS f(id, attempt)
+        JOIN jobq.jobs j ON j.id = f.id
+        WHERE (j.state = 'done') IS TRUE AND j.attempts = f.attempt
         "#,
     )
     .bind(&ids)

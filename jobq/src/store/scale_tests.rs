@@ -215,3 +215,106 @@ async fn a_retry_with_backoff_is_scheduled_and_promoted_when_due() {
     drop(conn);
     db.close().await;
 }
+
+#[tokio::test]
+async fn asking_about_a_queue_without_jobs_reads_no_table() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed_dirty(&mut conn).await;
+    exec(
+        &mut conn,
+        "INSERT INTO jobq.jobs (kind, queue, payload, state, finished_at)
+           VALUES ('a', 'history', '{}', 'failed', now());
+         ANALYZE jobq.jobs;",
+    )
+    .await;
+    let before = tuples_read(&mut conn).await;
+    assert!(!queue_exists(&mut conn, "idle").await.unwrap());
+    let read = tuples_read(&mut conn).await - before;
+    assert!(
+        read <= 5,
+        "asking about an unknown queue read {read} tuples"
+    );
+    // A queue with only history is known.
+    assert!(queue_exists(&mut conn, "history").await.unwrap());
+    drop(conn);
+    db.close().await;
+}
+
+#[tokio::test]
+async fn batched_completion_and_heartbeat_match_every_fence_of_a_large_batch() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    // 4,000 running jobs on attempt 2; every third input carries the stale attempt 1.
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO jobq.jobs (kind, payload, state, attempts, locked_until, locked_by)
+         SELECT 'a', '{}', 'running', 2, now() + interval '1 minute', 'w'
+         FROM generate_series(1, 4000) RETURNING id",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let attempt = |i: usize| if i.is_multiple_of(3) { 1 } else { 2 };
+    let leases: Vec<LeaseRenewal> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| LeaseRenewal {
+            id,
+            attempt: attempt(i),
+            lease_secs: 30.0 + (i % 7) as f64,
+        })
+        .collect();
+    let beats = lease_extend_many(&mut conn, &leases).await.unwrap();
+    for (i, b) in beats.iter().enumerate() {
+        let want = if attempt(i) == 2 {
+            LeaseStatus::Extended {
+                cancel_requested: false,
+            }
+        } else {
+            LeaseStatus::Lost
+        };
+        assert_eq!(*b, want, "lease {i}");
+    }
+    // Each extended lease got its own length.
+    let extended: Vec<&LeaseRenewal> = leases.iter().filter(|l| l.attempt == 2).collect();
+    let wrong: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobq.jobs j JOIN unnest($1::bigint[], $2::float8[]) f(id, secs)
+           ON j.id = f.id
+         WHERE abs(extract(epoch FROM j.locked_until - now()) - f.secs) > 1",
+    )
+    .bind(extended.iter().map(|l| l.id).collect::<Vec<_>>())
+    .bind(extended.iter().map(|l| l.lease_secs).collect::<Vec<_>>())
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(wrong, 0);
+
+    let fences: Vec<(i64, i32)> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| (id, attempt(i)))
+        .collect();
+    let done = job_complete_many(&mut conn, &fences, None).await.unwrap();
+    for (i, r) in done.iter().enumerate() {
+        let want = if attempt(i) == 2 {
+            FenceResult::Applied
+        } else {
+            FenceResult::Stale
+        };
+        assert_eq!(*r, want, "completion {i}");
+    }
+    // Completed already: the same fences again are told apart from stale ones.
+    let again = job_complete_many(&mut conn, &fences[..6], None)
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        [0, 1, 2, 3, 4, 5].map(|i| if attempt(i) == 2 {
+            FenceResult::AlreadyDone
+        } else {
+            FenceResult::Stale
+        })
+    );
+    drop(conn);
+    db.close().await;
+}
