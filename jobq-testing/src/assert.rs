@@ -28,7 +28,7 @@ pub struct EnqueuedJob<A> {
     pub queue: String,
     /// Its priority (smaller runs first).
     pub priority: i16,
-    /// Its state: `pending`, `running`, `done`, `failed` or `cancelled`.
+    /// Its state: `scheduled`, `pending`, `running`, `done`, `failed` or `cancelled`.
     pub state: String,
     /// Attempts started so far.
     pub attempts: u32,

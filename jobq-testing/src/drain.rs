@@ -16,8 +16,9 @@ use crate::sql;
 ///
 /// Without [`advance_clock`](Self::advance_clock) it runs every job due now (by the
 /// database's clock), again and again, until none is due; a retry waits for its backoff,
-/// so it stays `pending`. With it, the drain then moves its clock to the earliest
-/// `run_after` still pending and goes on, until every job of the served kinds is terminal —
+/// so it stays `scheduled`. With it, the drain then moves its clock to the earliest
+/// `run_after` still waiting (`pending` or `scheduled`), promotes what is due by it, and
+/// goes on, until every job of the served kinds is terminal —
 /// retries and scheduled jobs included, without sleeping. Times written by the drain
 /// (`finished_at`, a retry's `run_after`) are on that clock.
 ///
@@ -116,7 +117,7 @@ impl Drain {
         self
     }
 
-    /// Whether to move the clock forward to the next pending job's `run_after` whenever
+    /// Whether to move the clock forward to the next waiting job's `run_after` whenever
     /// nothing is due, until every job is terminal (default `false`).
     pub fn advance_clock(mut self, yes: bool) -> Self {
         self.advance_clock = yes;

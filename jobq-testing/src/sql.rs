@@ -44,7 +44,7 @@ pub(crate) struct PendingQueue {
     pub(crate) earliest: DateTime<Utc>,
 }
 
-/// Queues holding `pending` jobs of `kinds`, due or not, with their earliest due time.
+/// Queues holding waiting jobs (`pending` or `scheduled`) of `kinds`, due or not, with their earliest due time.
 pub(crate) async fn job_pending_queues(
     pool: &PgPool,
     kinds: &[String],
@@ -53,7 +53,7 @@ pub(crate) async fn job_pending_queues(
         r#"
         SELECT queue, min(run_after) AS earliest
         FROM jobq.jobs
-        WHERE state = 'pending' AND kind = ANY($1)
+        WHERE state IN ('pending', 'scheduled') AND kind = ANY($1)
         GROUP BY queue
         ORDER BY queue
         "#,
@@ -71,7 +71,8 @@ pub(crate) async fn job_pending_queues(
         .collect()
 }
 
-/// The first `limit` pending jobs of `kinds` in `queues`, as `(id, kind)`.
+/// The first `limit` waiting jobs (`pending` or `scheduled`) of `kinds` in `queues`, as
+/// `(id, kind)`.
 pub(crate) async fn job_pending_sample(
     pool: &PgPool,
     kinds: &[String],
@@ -81,7 +82,7 @@ pub(crate) async fn job_pending_sample(
     sqlx::query_as(
         r#"
         SELECT id, kind FROM jobq.jobs
-        WHERE state = 'pending' AND kind = ANY($1) AND queue = ANY($2)
+        WHERE state IN ('pending', 'scheduled') AND kind = ANY($1) AND queue = ANY($2)
         ORDER BY run_after, id
         LIMIT $3
         "#,

@@ -33,9 +33,9 @@ async fn drain_runs_every_due_job_and_counts_what_happened() -> anyhow::Result<(
     assert_eq!(drained.retried(), 1, "the retry waits for its Retry-After");
     assert_eq!(drained.jobs().len(), 4);
 
-    // The retry is pending 90 s after the drain's clock.
+    // The retry is scheduled 90 s after the drain's clock.
     let [limited] = enqueued::<RateLimited>(pool).await?.try_into().unwrap();
-    assert_eq!(limited.state, "pending");
+    assert_eq!(limited.state, "scheduled");
     assert_eq!(limited.attempts, 1);
     assert_eq!(limited.last_error_code.as_deref(), Some("rate_limited"));
     assert_eq!(

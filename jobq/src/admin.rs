@@ -315,40 +315,52 @@ impl Admin {
             )));
         }
         let started = tokio::time::Instant::now();
-        let f = filter.store();
+        let mut f = filter.store();
+        // What matches now: jobs that finish after this moment (perhaps failing again
+        // because of the replay) are not swept up. Counted, not loaded: the ids are read
+        // a chunk at a time, each chunk on a connection taken for it and given back
+        // before the pause, so a slow replay holds no connection while it waits.
         let mut conn = self.pool.acquire().await?;
-        // What matches now, read once: later chunks need no rescans, and jobs that fail
-        // while the replay runs (perhaps because of it) are not swept up.
-        let mut ids = store::job_ids_terminal(&mut conn, &f, 0, i64::MAX).await?;
+        let now = store::db_now(&mut conn).await?;
+        f.until = Some(f.until.map_or(now, |u| u.min(now)));
+        let matched = store::job_count_terminal(&mut conn, &f).await?;
+        drop(conn);
         let mut report = BulkReplayReport {
-            matched: ids.len() as u64,
+            matched,
             ..BulkReplayReport::default()
         };
-        if let Some(limit) = opts.limit {
-            ids.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-        }
         if opts.dry_run {
             report.elapsed_secs = started.elapsed().as_secs_f64();
             return Ok(report);
         }
+        let budget = opts.limit.unwrap_or(u64::MAX).min(matched);
         // A tenth of a second's worth per statement: smooth, and a small lock footprint.
-        let chunk = ((opts.rate_per_sec / 10.0).ceil() as usize).clamp(1, 500);
-        let mut seen = 0_usize;
-        for ids in ids.chunks(chunk) {
+        let chunk = ((opts.rate_per_sec / 10.0).ceil() as u64).clamp(1, 500);
+        let (mut seen, mut after) = (0_u64, 0_i64);
+        while seen < budget {
             // Pace: the jobs before this chunk may not have gone faster than the rate.
             let due = started + Duration::from_secs_f64(seen as f64 / opts.rate_per_sec);
             tokio::time::sleep_until(due).await;
-            let done = store::job_replay_many(&mut conn, ids, self.who(reason)).await?;
-            seen += ids.len();
+            let take = i64::try_from(chunk.min(budget - seen)).unwrap_or(i64::MAX);
+            let mut conn = self.pool.acquire().await?;
+            let ids = store::job_ids_terminal(&mut conn, &f, after, take).await?;
+            let Some(&last) = ids.last() else { break };
+            let done = store::job_replay_many(&mut conn, &ids, self.who(reason)).await?;
+            drop(conn);
+            after = last;
+            seen += ids.len() as u64;
             report.replayed += done.len() as u64;
             report.skipped += (ids.len() - done.len()) as u64;
             report.ids.extend(done.iter().map(|t| t.id));
         }
+        // Matched at the start but gone (replayed or pruned by someone else) before
+        // their chunk was read.
+        report.skipped += budget - seen;
         report.elapsed_secs = started.elapsed().as_secs_f64();
         Ok(report)
     }
 
-    /// Cancels a job: `pending` or `failed` becomes `cancelled` at once; a `running` job
+    /// Cancels a job: `scheduled`, `pending` or `failed` becomes `cancelled` at once; a `running` job
     /// finishes its attempt, then becomes `cancelled` instead of retrying (its context's
     /// cancellation fires at its next heartbeat). The returned transition's `after` is
     /// `running` in that case.
@@ -365,24 +377,25 @@ impl Admin {
         match t {
             Some(t) => Ok(t),
             None => Err(self
-                .refuse(id, "cancel", "pending, failed or running")
+                .refuse(id, "cancel", "scheduled, pending, failed or running")
                 .await),
         }
     }
 
-    /// Makes a `pending` job that waits for its backoff (or its scheduled time) due now.
+    /// Makes a `scheduled` job (waiting for its backoff or its scheduled time) `pending`
+    /// and due now.
     ///
     /// # Errors
     ///
     /// [`Error::NotFound`] for an unknown id, [`Error::WrongState`] when the job is not
-    /// pending or already due, [`Error::Database`] when the database cannot be reached.
+    /// scheduled (or already due), [`Error::Database`] when the database cannot be reached.
     pub async fn retry_now(&self, id: JobId, reason: Option<&str>) -> Result<Transition, Error> {
         let mut conn = self.pool.acquire().await?;
         let t = store::job_retry_now(&mut conn, id.0, self.who(reason), None).await?;
         drop(conn);
         match t {
             Some(t) => Ok(t),
-            None => Err(self.refuse(id, "retry-now", "waiting pending").await),
+            None => Err(self.refuse(id, "retry-now", "scheduled").await),
         }
     }
 

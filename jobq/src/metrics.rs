@@ -75,7 +75,7 @@ pub(crate) fn finished(kind: &str, queue: &str, state: &str, code: Option<&str>,
     match state {
         "done" => metrics::counter!(JOBS_COMPLETED, "kind" => k.clone(), "queue" => q.clone())
             .increment(1),
-        "pending" => metrics::counter!(JOBS_RETRIED, "kind" => k.clone(), "queue" => q.clone(), "code" => code)
+        "pending" | "scheduled" => metrics::counter!(JOBS_RETRIED, "kind" => k.clone(), "queue" => q.clone(), "code" => code)
             .increment(1),
         "failed" => metrics::counter!(JOBS_FAILED, "kind" => k.clone(), "queue" => q.clone(), "code" => code)
             .increment(1),
@@ -85,7 +85,7 @@ pub(crate) fn finished(kind: &str, queue: &str, state: &str, code: Option<&str>,
     }
     let outcome = match state {
         "done" => "done",
-        "pending" => "retried",
+        "pending" | "scheduled" => "retried",
         "failed" => "failed",
         "cancelled" => "cancelled",
         _ => "other",

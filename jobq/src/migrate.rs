@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0003_fencing.sql"),
     },
     Migration {
+        version: 4,
+        name: "scale",
+        sql: include_str!("../migrations/0004_scale.sql"),
+    },
+    Migration {
         version: 5,
         name: "time",
         sql: include_str!("../migrations/0005_time.sql"),

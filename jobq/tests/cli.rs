@@ -234,7 +234,7 @@ async fn replay_cancel_retry_pause_resume_and_prune() {
     assert!(ok(&url, &["retry-now", "17"]).contains("job 17 is due now"));
     assert!(
         err(&url, &["retry-now", "17"])
-            .contains("job 17 is pending; retry-now applies only to waiting pending jobs")
+            .contains("job 17 is pending; retry-now applies only to scheduled jobs")
     );
 
     // Pause and resume.
@@ -449,4 +449,49 @@ async fn schedules_list_pause_resume_and_run_now() {
         assert!(actions.contains(&a), "{actions:?}");
     }
     assert!(ok(&url, &["audit"]).contains("schedule nightly"));
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_honours_per_kind_retention() {
+    let db = TestDatabase::new().await.unwrap();
+    let url = url(&db);
+    ok(&url, &["migrate"]);
+    sqlx::raw_sql(
+        "INSERT INTO jobq.jobs (kind, payload, state, finished_at)
+             SELECT k, '{}', s, now() - interval '2 days'
+             FROM unnest(ARRAY['audit_log', 'thumbnail']) k,
+                  unnest(ARRAY['done', 'failed']) s,
+                  generate_series(1, 2);",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    // Done jobs go after a day, except audit_log's, kept a week; failed ones after a
+    // day for audit_log only.
+    let args = [
+        "prune",
+        "--done-after",
+        "1d",
+        "--kind-retention",
+        "audit_log=7d,1d",
+        "--yes",
+    ];
+    let out = json(&url, &args);
+    assert_eq!(out["report"]["done"], 2, "{out}");
+    assert_eq!(out["report"]["failed"], 2, "{out}");
+    let left: Vec<(String, String)> =
+        sqlx::query_as("SELECT kind, state FROM jobq.jobs GROUP BY 1, 2 ORDER BY 1, 2")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        left,
+        [
+            ("audit_log".to_owned(), "done".to_owned()),
+            ("thumbnail".to_owned(), "failed".to_owned())
+        ]
+    );
+    assert!(err(&url, &["prune", "--kind-retention", "no-equals"]).contains("KIND=DONE"));
+    db.close().await;
 }

@@ -191,9 +191,9 @@ async fn enqueue_in_a_rolled_back_transaction_leaves_nothing() -> anyhow::Result
 }
 
 #[tokio::test]
-async fn retryable_variant_goes_back_to_pending_with_backoff() -> anyhow::Result<()> {
+async fn retryable_variant_is_scheduled_with_backoff() -> anyhow::Result<()> {
     let (db, row) = run_once("down@b.c").await?;
-    assert_eq!(row.state, "pending");
+    assert_eq!(row.state, "scheduled");
     assert_eq!(row.attempts, 1);
     assert_eq!(row.last_error_code.as_deref(), Some("provider_unavailable"));
     assert_eq!(row.last_error.as_deref(), Some("mail provider unavailable"));
@@ -223,7 +223,7 @@ async fn retryable_variant_goes_back_to_pending_with_backoff() -> anyhow::Result
 #[tokio::test]
 async fn rate_limited_variant_waits_its_retry_after() -> anyhow::Result<()> {
     let (db, row) = run_once("slow@b.c").await?;
-    assert_eq!(row.state, "pending");
+    assert_eq!(row.state, "scheduled");
     assert_eq!(row.attempts, 1);
     assert_eq!(row.last_error_code.as_deref(), Some("rate_limited"));
     // The variant's `wait` (120 s), not the exponential backoff (at most 1 s here).
@@ -250,7 +250,7 @@ async fn permanent_variant_fails_after_one_attempt() -> anyhow::Result<()> {
 #[tokio::test]
 async fn unannotated_variant_is_retryable_with_its_snake_case_code() -> anyhow::Result<()> {
     let (db, row) = run_once("db@b.c").await?;
-    assert_eq!(row.state, "pending");
+    assert_eq!(row.state, "scheduled");
     assert_eq!(row.last_error_code.as_deref(), Some("db"));
     db.close().await;
     Ok(())

@@ -226,7 +226,7 @@ async fn cancel_pending_failed_and_running_jobs_with_audit() -> anyhow::Result<(
     let t = admin.cancel(pending.id, Some("customer left")).await?;
     assert_eq!(
         (t.before.as_str(), t.after.as_str()),
-        ("pending", "cancelled")
+        ("scheduled", "cancelled")
     );
     let t = admin.cancel(failed.id, None).await?;
     assert_eq!(
@@ -299,7 +299,7 @@ async fn cancel_pending_failed_and_running_jobs_with_audit() -> anyhow::Result<(
             (
                 Some(pending.id.0),
                 "cancel",
-                Some("pending"),
+                Some("scheduled"),
                 Some("cancelled")
             ),
             (
@@ -577,7 +577,7 @@ async fn retry_now_makes_a_waiting_retry_due() -> anyhow::Result<()> {
     let t = admin.retry_now(job.id, Some("upstream is back")).await?;
     assert_eq!(
         (t.before.as_str(), t.after.as_str()),
-        ("pending", "pending")
+        ("scheduled", "pending")
     );
     // Already due: refused.
     assert_eq!(
@@ -720,9 +720,9 @@ async fn operator_actions_racing_two_busy_workers_keep_every_invariant() -> anyh
     let bad: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
         "SELECT action, before_state, after_state FROM jobq.job_audit
          WHERE NOT ((action = 'replay' AND before_state IN ('failed', 'cancelled') AND after_state = 'pending')
-                 OR (action = 'cancel' AND before_state IN ('pending', 'failed') AND after_state = 'cancelled')
+                 OR (action = 'cancel' AND before_state IN ('scheduled', 'pending', 'failed') AND after_state = 'cancelled')
                  OR (action = 'cancel_requested' AND before_state = 'running' AND after_state = 'running')
-                 OR (action = 'retry_now' AND before_state = 'pending' AND after_state = 'pending'))",
+                 OR (action = 'retry_now' AND before_state IN ('scheduled', 'pending') AND after_state = 'pending'))",
     )
     .fetch_all(pool)
     .await?;

@@ -347,10 +347,11 @@ async fn random_payloads_and_outcomes_keep_the_state_machine_invariants() -> any
     let mut now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     for _ in 0..100 {
         rt.drain(Some(now)).await?;
-        let next: Option<DateTime<Utc>> =
-            sqlx::query_scalar("SELECT min(run_after) FROM jobq.jobs WHERE state = 'pending'")
-                .fetch_one(pool)
-                .await?;
+        let next: Option<DateTime<Utc>> = sqlx::query_scalar(
+            "SELECT min(run_after) FROM jobq.jobs WHERE state IN ('pending', 'scheduled')",
+        )
+        .fetch_one(pool)
+        .await?;
         match next {
             Some(t) => now = now.max(t),
             None => break,

@@ -227,7 +227,10 @@ async fn retry_schedule_backoff_cap_retry_after_permanent_and_exhaustion() -> an
                 .any(|a| a.id == flaky.id && a.attempt == attempt)
         );
         let r = row(pool, flaky.id).await;
-        assert_eq!((r.state.as_str(), r.attempts), ("pending", attempt as i32));
+        assert_eq!(
+            (r.state.as_str(), r.attempts),
+            ("scheduled", attempt as i32)
+        );
         assert_eq!(r.last_error_code.as_deref(), Some("provider_unavailable"));
         assert_eq!(r.last_error.as_deref(), Some("provider down for 1"));
         let delay = (r.run_after - now).num_milliseconds();
@@ -250,7 +253,7 @@ async fn retry_schedule_backoff_cap_retry_after_permanent_and_exhaustion() -> an
 
     // Retry-After wins over the policy: exactly 42 s after the failure.
     let t = row(pool, throttled.id).await;
-    assert_eq!(t.state, "pending");
+    assert_eq!(t.state, "scheduled");
     assert_eq!(t.last_error_code.as_deref(), Some("rate_limited"));
     assert_eq!((t.run_after - t.last_failed_at.unwrap()).num_seconds(), 42);
 
@@ -359,7 +362,7 @@ async fn panic_timeout_and_undecodable_payload_are_classified_and_the_runtime_ke
         let p = p.clone();
         async move {
             let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM jobq.jobs WHERE id = ANY($1) AND (state IN ('done', 'failed') OR (state = 'pending' AND attempts > 0))",
+                "SELECT count(*) FROM jobq.jobs WHERE id = ANY($1) AND (state IN ('done', 'failed') OR (state IN ('pending', 'scheduled') AND attempts > 0))",
             )
             .bind(&ids[..])
             .fetch_one(&p)
@@ -374,11 +377,14 @@ async fn panic_timeout_and_undecodable_payload_are_classified_and_the_runtime_ke
     let r = row(pool, panics.id).await;
     assert_eq!(r.last_error_code.as_deref(), Some("panic"));
     assert!(r.last_error.unwrap().contains("boom 1"));
-    assert!(r.state == "pending" || r.state == "failed");
+    assert!(["pending", "scheduled", "failed"].contains(&r.state.as_str()));
 
     let r = row(pool, slow.id).await;
     assert_eq!(r.last_error_code.as_deref(), Some("timeout"));
-    assert_eq!(r.state, "pending", "a timeout is retryable");
+    assert!(
+        ["pending", "scheduled"].contains(&r.state.as_str()),
+        "a timeout is retryable"
+    );
 
     let r = row(pool, jobq::JobId(undecodable)).await;
     assert_eq!((r.state.as_str(), r.attempts), ("failed", 1));
@@ -1138,8 +1144,12 @@ async fn jobs_claimed_ahead_wait_for_a_slot_keep_their_leases_and_are_handed_bac
     );
     assert_eq!(GATE_STARTS.load(Ordering::SeqCst), 2);
 
+    // The slot the cancelled job held may go to a gate not claimed yet (when the first
+    // claims did not take all eight): count what the runtime holds now.
+    let held_now = count_running(pool, Gate::KIND).await;
+    assert!(held_now >= held - 1);
     let report = handle.shutdown().await;
-    assert_eq!(report.handed_back, held as usize - 1);
+    assert_eq!(report.handed_back, held_now as usize);
     assert_eq!(
         GATE_STARTS.load(Ordering::SeqCst),
         2,

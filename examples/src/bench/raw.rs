@@ -88,7 +88,8 @@ pub(crate) async fn drain(db: &BenchDb, clients: usize, batch: i64) -> anyhow::R
                 let ids: Vec<i64> = sqlx::query_scalar(
                     "WITH c AS MATERIALIZED (
                          SELECT id FROM jobq.jobs
-                         WHERE state = 'pending' AND queue = 'default' AND run_after <= now()
+                         WHERE state = 'pending' AND queue = 'default' AND kind = $2
+                           AND run_after <= now()
                          ORDER BY priority, run_after, id
                          LIMIT $1
                          FOR UPDATE SKIP LOCKED
@@ -101,6 +102,7 @@ pub(crate) async fn drain(db: &BenchDb, clients: usize, batch: i64) -> anyhow::R
                      RETURNING j.id",
                 )
                 .bind(batch)
+                .bind(KIND)
                 .fetch_all(&mut conn)
                 .await?;
                 if ids.is_empty() {
@@ -126,3 +128,35 @@ pub(crate) async fn drain(db: &BenchDb, clients: usize, batch: i64) -> anyhow::R
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }
+
+/// The runtime's claim statement as `store::job_claim` issues it (a copy, for timing it
+/// alone on the dirty table): `$1` queue, `$2` kinds, `$3` their leases, `$4` limit,
+/// `$5` worker.
+pub(crate) const RUNTIME_CLAIM: &str = r#"
+    WITH served AS (
+        SELECT * FROM unnest($2::text[], $3::float8[]) AS s(kind, lease)
+    ),
+    candidates AS MATERIALIZED (
+        SELECT c.id FROM served k
+        CROSS JOIN LATERAL (
+            SELECT j.id, j.priority, j.run_after FROM jobq.jobs j
+            WHERE j.state = 'pending' AND j.queue = $1 AND j.kind = k.kind
+              AND j.run_after <= now()
+            ORDER BY j.priority, j.run_after, j.id
+            LIMIT $4
+            FOR UPDATE SKIP LOCKED
+        ) c
+        WHERE NOT EXISTS (SELECT 1 FROM jobq.queues q WHERE q.name = $1 AND q.paused)
+        ORDER BY c.priority, c.run_after, c.id
+        LIMIT $4
+    )
+    UPDATE jobq.jobs j
+    SET state = 'running',
+        attempts = j.attempts + 1,
+        locked_until = now() + make_interval(secs => s.lease),
+        locked_by = $5,
+        started_at = now()
+    FROM candidates c, served s
+    WHERE j.id = c.id AND s.kind = j.kind
+    RETURNING j.id
+"#;

@@ -132,20 +132,25 @@ impl BenchDb {
         Ok(())
     }
 
-    /// Whether any job is still pending or running (cheap: both are partial indexes).
+    /// Whether any bench job is still pending, or any job running (cheap: both are
+    /// partial indexes; the dirty table's unserved and scheduled rows do not count).
     pub(crate) async fn unfinished(&self) -> anyhow::Result<bool> {
         Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM jobq.jobs WHERE state = 'pending')
+            "SELECT EXISTS (SELECT 1 FROM jobq.jobs
+                            WHERE state = 'pending' AND queue = 'default' AND kind = $1)
                  OR EXISTS (SELECT 1 FROM jobq.jobs WHERE state = 'running')",
         )
+        .bind(KIND)
         .fetch_one(&self.pool)
         .await?)
     }
 
+    /// Bench jobs (of [`KIND`]) in `state`.
     pub(crate) async fn count_state(&self, state: &str) -> anyhow::Result<i64> {
         Ok(
-            sqlx::query_scalar("SELECT count(*) FROM jobq.jobs WHERE state = $1")
+            sqlx::query_scalar("SELECT count(*) FROM jobq.jobs WHERE state = $1 AND kind = $2")
                 .bind(state)
+                .bind(KIND)
                 .fetch_one(&self.pool)
                 .await?,
         )

@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
 use jobq::JobId;
 use jobq::admin::{Admin, BulkReplay, Filter};
-use jobq::maintenance::{Pruner, PrunerConfig};
+use jobq::maintenance::{Pruner, PrunerConfig, Retention};
 use jobq::stats::{Stats, StatsOptions};
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
@@ -151,6 +151,12 @@ enum Command {
         /// Rows per delete statement.
         #[arg(long, default_value_t = 1000)]
         batch: i64,
+        /// A kind's own retention, as the runtime's `PrunerConfig::per_kind` gives it:
+        /// `KIND=DONE[,FAILED[,CANCELLED]]` (e.g. `send_invoice=1d,90d`); what is left
+        /// out keeps the general value. Repeat for more kinds.
+        #[arg(long = "kind-retention", value_name = "KIND=DONE[,FAILED[,CANCELLED]]",
+              value_parser = parse_kind_retention)]
+        kind_retention: Vec<(String, [Option<Duration>; 3])>,
         /// Do not ask for confirmation.
         #[arg(long, short)]
         yes: bool,
@@ -231,6 +237,29 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         _ => return Err(format!("unknown unit `{unit}` in `{s}`: use s, m, h or d")),
     };
     Duration::try_from_secs_f64(n * secs).map_err(|e| format!("`{s}`: {e}"))
+}
+
+/// `KIND=DONE[,FAILED[,CANCELLED]]`: a kind and up to three retention periods.
+fn parse_kind_retention(s: &str) -> Result<(String, [Option<Duration>; 3]), String> {
+    let (kind, periods) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not KIND=DONE[,FAILED[,CANCELLED]]"))?;
+    if kind.trim().is_empty() {
+        return Err(format!("`{s}` names no kind"));
+    }
+    let mut out = [None; 3];
+    let parts: Vec<&str> = periods.split(',').collect();
+    if parts.len() > 3 {
+        return Err(format!(
+            "`{s}` has more than three periods (done, failed, cancelled)"
+        ));
+    }
+    for (slot, part) in out.iter_mut().zip(parts) {
+        if !part.trim().is_empty() {
+            *slot = Some(parse_duration(part)?);
+        }
+    }
+    Ok((kind.trim().to_owned(), out))
 }
 
 fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
@@ -903,12 +932,25 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             failed_after,
             cancelled_after,
             batch,
+            kind_retention,
             yes,
         } => {
+            let per_kind = kind_retention
+                .into_iter()
+                .map(|(kind, [done, failed, cancelled])| {
+                    let r = Retention {
+                        done_after: done.unwrap_or(done_after),
+                        failed_after: failed.unwrap_or(failed_after),
+                        cancelled_after: cancelled.unwrap_or(cancelled_after),
+                    };
+                    (kind, r)
+                })
+                .collect();
             let config = PrunerConfig {
                 done_after,
                 failed_after,
                 cancelled_after,
+                per_kind,
                 batch,
                 actor: admin_actor(cli.actor.as_deref()),
                 ..PrunerConfig::default()

@@ -4,6 +4,7 @@
 //! [`Leader`] gate.
 
 mod leader;
+mod promoter;
 mod pruner;
 mod reaper;
 mod scheduler;
@@ -11,6 +12,8 @@ mod workers;
 
 pub use crate::store::ReapReport;
 pub use leader::Leader;
+pub(crate) use promoter::promote_all;
+pub use promoter::{PromoteReport, Promoter, PromoterConfig};
 pub use pruner::{PRUNER_LOCK, PruneReport, Pruner, PrunerConfig, Retention};
 pub use reaper::{Reaper, ReaperConfig};
 pub use scheduler::{Missed, Schedule, Scheduler, SchedulerConfig, SchedulerReport};

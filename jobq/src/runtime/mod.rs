@@ -28,8 +28,8 @@ use crate::context::State;
 use crate::error::Error;
 use crate::job::Job;
 use crate::maintenance::{
-    Periodic, Pruner, PrunerConfig, Reaper, ReaperConfig, Schedule, Scheduler, SchedulerConfig,
-    WorkerHeartbeat, WorkerHeartbeatConfig,
+    Periodic, Promoter, PromoterConfig, Pruner, PrunerConfig, Reaper, ReaperConfig, Schedule,
+    Scheduler, SchedulerConfig, WorkerHeartbeat, WorkerHeartbeatConfig,
 };
 use crate::notify::{self, Wakers};
 use crate::registry::{JobHandler, Registry, registered_jobs};
@@ -59,6 +59,7 @@ pub struct RuntimeBuilder {
     heartbeat_interval: Option<Duration>,
     shutdown_timeout: Duration,
     reaper: Option<ReaperConfig>,
+    promoter: Option<PromoterConfig>,
     listen: bool,
     worker_id: Option<String>,
     state: State,
@@ -156,6 +157,13 @@ impl RuntimeBuilder {
     /// The reaper's settings; `None` runs no reaper in this runtime (another node must).
     pub fn reaper(mut self, config: Option<ReaperConfig>) -> Self {
         self.reaper = config;
+        self
+    }
+
+    /// The promoter's settings; `None` runs no promoter in this runtime (another node
+    /// must, or scheduled jobs and retries never become due).
+    pub fn promoter(mut self, config: Option<PromoterConfig>) -> Self {
+        self.promoter = config;
         self
     }
 
@@ -265,6 +273,7 @@ impl RuntimeBuilder {
                 heartbeat_interval: heartbeat,
                 shutdown_timeout: self.shutdown_timeout,
                 reaper: self.reaper,
+                promoter: self.promoter,
                 listen: self.listen,
                 state: self.state,
                 pruner: self.pruner,
@@ -339,6 +348,7 @@ pub(crate) struct Config {
     pub(crate) heartbeat_interval: Duration,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) reaper: Option<ReaperConfig>,
+    pub(crate) promoter: Option<PromoterConfig>,
     pub(crate) listen: bool,
     pub(crate) state: State,
     pub(crate) pruner: Option<PrunerConfig>,
@@ -368,7 +378,7 @@ pub struct Runtime {
 impl Runtime {
     /// A builder with defaults: every `#[jobq::job]` type in the binary, queue `default`
     /// and each type's queue at [`DEFAULT_CONCURRENCY`], 1 s polling, LISTEN on, reaper
-    /// on, pruner on (leader-elected; 7 days for done jobs, 30 for failed and cancelled),
+    /// on, promoter on (1 s), pruner on (leader-elected; 7 days for done jobs, 30 for failed and cancelled),
     /// worker heartbeat on, 30 s shutdown timeout.
     pub fn builder(pool: PgPool) -> RuntimeBuilder {
         RuntimeBuilder {
@@ -381,6 +391,7 @@ impl Runtime {
             heartbeat_interval: None,
             shutdown_timeout: Duration::from_secs(30),
             reaper: Some(ReaperConfig::default()),
+            promoter: Some(PromoterConfig::default()),
             listen: true,
             worker_id: None,
             state: State::default(),
@@ -469,6 +480,10 @@ impl Runtime {
             scheduler.register().await?;
             services.push(tokio::spawn(scheduler.run(stop_services.clone())));
         }
+        if let Some(pc) = config.promoter.clone() {
+            let promoter = Promoter::new(config.own.clone(), pc);
+            services.push(tokio::spawn(promoter.run(stop_services.clone())));
+        }
         if let Some(pc) = config.pruner.clone() {
             let pruner = Pruner::new(config.own.clone(), pc);
             services.push(tokio::spawn(pruner.run(stop_services.clone())));
@@ -548,9 +563,10 @@ impl DrainReport {
         self.count("done")
     }
 
-    /// Attempts that left their job `pending` for a retry.
+    /// Attempts that left their job waiting for a retry (`scheduled` for its backoff, or
+    /// `pending` when it has none).
     pub fn retried(&self) -> usize {
-        self.count("pending")
+        self.count("scheduled") + self.count("pending")
     }
 
     /// Attempts that left their job `failed`.

@@ -283,6 +283,11 @@ pub(crate) async fn drain(
             );
             return Ok(report);
         }
+        // Scheduled jobs due by the drain's clock become pending first, as the promoter
+        // would make them.
+        let mut held = conn.take().await?;
+        crate::maintenance::promote_all(&mut held, 1000, now).await?;
+        conn.keep(held);
         let mut ran = 0;
         for queue in config.queues.keys() {
             // One at a time: this task is a single slot, and a claimed job's lease starts

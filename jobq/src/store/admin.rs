@@ -94,7 +94,7 @@ pub(crate) async fn job_replay_many(
     transitions(rows)
 }
 
-/// Cancels a job: `pending` or `failed` becomes `cancelled` at once; a `running` job gets
+/// Cancels a job: `scheduled`, `pending` or `failed` becomes `cancelled` at once; a `running` job gets
 /// `cancel_requested` (its attempt finishes, then the runtime writes `cancelled` instead
 /// of a retry, and its heartbeat cancels the attempt's context). Audited as `cancel` or
 /// `cancel_requested`.
@@ -108,7 +108,8 @@ pub(crate) async fn job_cancel(
         WITH target AS MATERIALIZED (
             SELECT id, state FROM jobq.jobs
             WHERE id = $1
-              AND (state IN ('pending', 'failed') OR (state = 'running' AND NOT cancel_requested))
+              AND (state IN ('scheduled', 'pending', 'failed')
+                   OR (state = 'running' AND NOT cancel_requested))
             FOR UPDATE
         ),
         upd AS (
@@ -137,7 +138,8 @@ pub(crate) async fn job_cancel(
     Ok(transitions(rows)?.pop())
 }
 
-/// Makes a pending job that waits (for its backoff or a scheduled time) due at `now`.
+/// Makes a job that waits (`scheduled`: for its backoff or a scheduled time) `pending`
+/// and due at `now`.
 pub(crate) async fn job_retry_now(
     conn: &mut PgConnection,
     id: i64,
@@ -147,16 +149,16 @@ pub(crate) async fn job_retry_now(
     let rows = sqlx::query(
         r#"
         WITH target AS MATERIALIZED (
-            SELECT id, run_after FROM jobq.jobs
-            WHERE id = $1 AND state = 'pending' AND run_after > coalesce($4, now())
+            SELECT id, state, run_after FROM jobq.jobs
+            WHERE id = $1 AND state IN ('scheduled', 'pending') AND run_after > coalesce($4, now())
             FOR UPDATE
         ),
         upd AS (
-            UPDATE jobq.jobs j SET run_after = coalesce($4, now())
+            UPDATE jobq.jobs j SET state = 'pending', run_after = coalesce($4, now())
             FROM target t
-            WHERE j.id = t.id AND j.state = 'pending'
+            WHERE j.id = t.id AND j.state = t.state
             RETURNING j.id, j.queue, t.run_after AS run_after_before,
-                      'pending'::text AS before_state, 'pending'::text AS after_state
+                      t.state AS before_state, 'pending'::text AS after_state
         ),
         audit AS (
             INSERT INTO jobq.job_audit
@@ -272,14 +274,19 @@ pub(crate) async fn queue_set_paused(
 }
 
 /// Whether `queue` is known: it has jobs, a live or recent worker serves it, or it has a
-/// row in `jobq.queues`.
+/// row in `jobq.queues`. Each test is an index probe (pending rows: the claim index;
+/// running rows: few; every other state: `jobs_queue_idx`), so a queue without jobs
+/// costs no scan of the table.
 pub(crate) async fn queue_exists(conn: &mut PgConnection, queue: &str) -> Result<bool, Error> {
     let known: bool = sqlx::query_scalar(
         r#"
         SELECT EXISTS (SELECT 1 FROM jobq.queues WHERE name = $1)
             OR EXISTS (SELECT 1 FROM jobq.workers WHERE queues ? $1)
             OR EXISTS (SELECT 1 FROM jobq.jobs WHERE state = 'pending' AND queue = $1)
-            OR EXISTS (SELECT 1 FROM jobq.jobs WHERE queue = $1)
+            OR EXISTS (SELECT 1 FROM jobq.jobs WHERE state = 'running' AND queue = $1)
+            OR EXISTS (SELECT 1 FROM jobq.jobs
+                       WHERE state IN ('scheduled', 'done', 'failed', 'cancelled')
+                         AND queue = $1)
         "#,
     )
     .bind(queue)
@@ -306,7 +313,7 @@ pub struct JobRow {
     pub payload_text: String,
     /// The payload's schema version.
     pub payload_version: i32,
-    /// `pending`, `running`, `done`, `failed` or `cancelled`.
+    /// `scheduled`, `pending`, `running`, `done`, `failed` or `cancelled`.
     pub state: String,
     /// Smaller runs first.
     pub priority: i16,
@@ -508,6 +515,27 @@ pub(crate) async fn job_ids_terminal(
         .bind(limit)
         .fetch_all(&mut *conn)
         .await?)
+}
+
+/// How many terminal jobs match `f`.
+pub(crate) async fn job_count_terminal(
+    conn: &mut PgConnection,
+    f: &TerminalFilter<'_>,
+) -> Result<u64, Error> {
+    let sql = format!(
+        "SELECT count(*) FROM jobq.jobs
+         WHERE state IN ('failed', 'cancelled') AND {TERMINAL_WHERE}"
+    );
+    let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(f.states)
+        .bind(f.kind)
+        .bind(f.queue)
+        .bind(f.code)
+        .bind(f.since)
+        .bind(f.until)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// A job's state, for explaining why an action did not apply (`None`: no such job).

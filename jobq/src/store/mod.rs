@@ -36,11 +36,26 @@ macro_rules! here_sql {
     };
 }
 
+/// SQL for the state a new job starts in, given the expression of its `run_after`:
+/// `scheduled` when that is in the future by the database's clock, else `pending`.
+macro_rules! state_sql {
+    ($at:literal) => {
+        concat!(
+            "(CASE WHEN ",
+            $at,
+            " > now() THEN 'scheduled' ELSE 'pending' END)"
+        )
+    };
+}
+
 mod admin;
 mod effects;
 mod jobs;
 mod lease;
+mod promote;
 mod prune;
+#[cfg(test)]
+mod scale_tests;
 mod schedules;
 mod stats;
 #[cfg(test)]
@@ -55,6 +70,7 @@ pub(crate) use effects::*;
 pub(crate) use jobs::*;
 pub use lease::ReapReport;
 pub(crate) use lease::*;
+pub(crate) use promote::*;
 pub(crate) use prune::*;
 pub use schedules::ScheduleRow;
 pub(crate) use schedules::*;

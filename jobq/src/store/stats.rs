@@ -20,8 +20,10 @@ pub(crate) struct LiveCounts {
     pub(crate) oldest_due_created_at: Option<DateTime<Utc>>,
 }
 
-/// Counts pending (due, scheduled, waiting for a retry) and running jobs per queue and
-/// kind, with the oldest due job's `run_after` and `created_at`. Each branch matches one
+/// Counts waiting (due, scheduled, waiting for a retry: states `pending` and `scheduled`,
+/// by `run_after` against `now`, so a scheduled job the promoter has not reached yet
+/// counts as due) and running jobs per queue and kind, with the oldest due job's
+/// `run_after` and `created_at`. Each branch matches one
 /// partial index's predicate.
 pub(crate) async fn stats_live(
     conn: &mut PgConnection,
@@ -30,19 +32,22 @@ pub(crate) async fn stats_live(
     let rows = sqlx::query(
         r#"
         SELECT queue, kind,
-               count(*) FILTER (WHERE state = 'pending' AND run_after <= $1) AS due,
-               count(*) FILTER (WHERE state = 'pending' AND run_after > $1 AND attempts = 0)
+               count(*) FILTER (WHERE state <> 'running' AND run_after <= $1) AS due,
+               count(*) FILTER (WHERE state <> 'running' AND run_after > $1 AND attempts = 0)
                    AS scheduled,
-               count(*) FILTER (WHERE state = 'pending' AND run_after > $1 AND attempts > 0)
+               count(*) FILTER (WHERE state <> 'running' AND run_after > $1 AND attempts > 0)
                    AS retrying,
                count(*) FILTER (WHERE state = 'running') AS running,
-               min(run_after) FILTER (WHERE state = 'pending' AND run_after <= $1)
+               min(run_after) FILTER (WHERE state <> 'running' AND run_after <= $1)
                    AS oldest_due_run_after,
-               min(created_at) FILTER (WHERE state = 'pending' AND run_after <= $1)
+               min(created_at) FILTER (WHERE state <> 'running' AND run_after <= $1)
                    AS oldest_due_created_at
         FROM (
             SELECT queue, kind, state, run_after, attempts, created_at
             FROM jobq.jobs WHERE state = 'pending'
+            UNION ALL
+            SELECT queue, kind, state, run_after, attempts, created_at
+            FROM jobq.jobs WHERE state = 'scheduled'
             UNION ALL
             SELECT queue, kind, state, run_after, attempts, created_at
             FROM jobq.jobs WHERE state = 'running'
@@ -134,7 +139,7 @@ pub(crate) async fn stats_finished(
         .collect()
 }
 
-/// Pending jobs waiting for a retry whose last failure is in the window, per queue,
+/// Jobs waiting for a retry whose last failure is in the window, per queue,
 /// kind and code.
 pub(crate) async fn stats_retrying_codes(
     conn: &mut PgConnection,
@@ -144,7 +149,7 @@ pub(crate) async fn stats_retrying_codes(
         r#"
         SELECT queue, kind, last_error_code AS code, count(*) AS n
         FROM jobq.jobs
-        WHERE state = 'pending' AND attempts > 0 AND last_failed_at >= $1
+        WHERE state IN ('scheduled', 'pending') AND attempts > 0 AND last_failed_at >= $1
         GROUP BY 1, 2, 3
         ORDER BY 1, 2, 3
         "#,
@@ -157,7 +162,7 @@ pub(crate) async fn stats_retrying_codes(
             Ok(FinishedCounts {
                 queue: r.try_get("queue")?,
                 kind: r.try_get("kind")?,
-                state: "pending".to_owned(),
+                state: "scheduled".to_owned(),
                 code: r.try_get("code")?,
                 count: r.try_get("n")?,
             })
@@ -266,7 +271,7 @@ pub(crate) async fn queue_depths(
         SELECT queue, count(*) AS depth,
                extract(epoch FROM now() - min(run_after))::float8 AS oldest_age
         FROM jobq.jobs
-        WHERE state = 'pending' AND run_after <= now()
+        WHERE state IN ('pending', 'scheduled') AND run_after <= now()
         GROUP BY queue
         "#,
     )

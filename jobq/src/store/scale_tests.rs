@@ -1,0 +1,320 @@
+//! The claim's cost does not grow with rows it will not take: counted as tuples the
+//! statement reads (PostgreSQL's own statistics), not timed.
+
+use super::*;
+
+/// Index and sequential tuples read from `jobq.jobs` so far, after flushing this
+/// backend's statistics.
+async fn tuples_read(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query_scalar(
+        "SELECT (SELECT coalesce(sum(idx_tup_read), 0)::int8 FROM pg_stat_user_indexes
+                 WHERE relid = 'jobq.jobs'::regclass)
+              + (SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables
+                 WHERE relid = 'jobq.jobs'::regclass)",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+async fn exec(conn: &mut sqlx::PgConnection, sql: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
+
+async fn claim(conn: &mut sqlx::PgConnection, queue: &str, limit: i64) -> Vec<ClaimedJob> {
+    let kinds = ["a".to_owned(), "b".to_owned()];
+    job_claim(
+        conn,
+        &ClaimParams {
+            queue,
+            kinds: &kinds,
+            lease_secs: &[60.0, 60.0],
+            limit,
+            worker: "w",
+            now: None,
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Rows the claim will not take: 5,000 each of jobs scheduled for later, retries in
+/// backoff, due jobs of a kind nobody serves, finished history, and due jobs of a
+/// paused queue.
+async fn seed_dirty(conn: &mut sqlx::PgConnection) {
+    exec(
+        conn,
+        "INSERT INTO jobq.jobs (kind, payload, state, priority, run_after)
+           SELECT 'a', '{}', 'scheduled', i % 5, now() + interval '1 hour'
+           FROM generate_series(1, 5000) i;
+         INSERT INTO jobq.jobs (kind, payload, state, attempts, run_after, last_failed_at)
+           SELECT 'b', '{}', 'scheduled', 1, now() + interval '1 hour', now()
+           FROM generate_series(1, 5000) i;
+         INSERT INTO jobq.jobs (kind, payload, state, priority, run_after)
+           SELECT 'unserved', '{}', 'pending', -5, now() - interval '1 minute'
+           FROM generate_series(1, 5000) i;
+         INSERT INTO jobq.jobs (kind, payload, state, finished_at)
+           SELECT 'a', '{}', 'done', now() FROM generate_series(1, 5000) i;
+         INSERT INTO jobq.jobs (kind, queue, payload, state)
+           SELECT 'a', 'paused', '{}', 'pending' FROM generate_series(1, 5000) i;
+         INSERT INTO jobq.queues (name, paused) VALUES ('paused', true);
+         INSERT INTO jobq.jobs (kind, payload, state, priority)
+           SELECT CASE WHEN i % 2 = 0 THEN 'a' ELSE 'b' END, '{}', 'pending',
+                  CASE WHEN i % 2 = 0 THEN -1 ELSE 1 END
+           FROM generate_series(1, 40) i;
+         ANALYZE jobq.jobs;",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn claim_reads_only_rows_it_takes() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed_dirty(&mut conn).await;
+    let before = tuples_read(&mut conn).await;
+    let jobs = claim(&mut conn, "default", 10).await;
+    let read = tuples_read(&mut conn).await - before;
+    assert_eq!(jobs.len(), 10);
+    // Priority order across kinds: the ten claimed are all of kind `a` (priority -1).
+    assert!(jobs.iter().all(|j| j.kind == "a" && j.priority == -1));
+    // One probe per served kind reads at most `limit` rows each, plus the primary-key
+    // lookups of the update: far below the 25,000 rows around them.
+    assert!(read <= 100, "the claim read {read} tuples");
+
+    // A paused queue's claim reads none of its 5,000 due rows.
+    let before = tuples_read(&mut conn).await;
+    assert!(claim(&mut conn, "paused", 10).await.is_empty());
+    let read = tuples_read(&mut conn).await - before;
+    assert!(read <= 5, "the paused claim read {read} tuples");
+    drop(conn);
+    db.close().await;
+}
+
+#[tokio::test]
+async fn claim_takes_every_served_kind_in_priority_order() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed_dirty(&mut conn).await;
+    let mut seen = Vec::new();
+    loop {
+        let jobs = claim(&mut conn, "default", 7).await;
+        if jobs.is_empty() {
+            break;
+        }
+        seen.extend(jobs.into_iter().map(|j| (j.priority, j.id)));
+    }
+    assert_eq!(seen.len(), 40, "every due job of both kinds, none other");
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(seen, sorted, "claimed in (priority, due, id) order");
+    drop(conn);
+    db.close().await;
+}
+
+#[tokio::test]
+async fn inserts_put_future_jobs_in_scheduled() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    let job = |delay: Option<f64>, key: Option<&str>| NewJob {
+        kind: "a".into(),
+        queue: "default".into(),
+        payload: "{}".into(),
+        priority: 0,
+        max_attempts: 3,
+        run_after: None,
+        delay_secs: delay,
+        idempotency_key: key.map(str::to_owned),
+    };
+    let mut ids = Vec::new();
+    for (delay, key) in [
+        (None, None),
+        (Some(60.0), None),
+        (None, Some("k1")),
+        (Some(60.0), Some("k2")),
+    ] {
+        let (e, _) = job_insert(&mut conn, &job(delay, key), Wake::No)
+            .await
+            .unwrap();
+        ids.push(e.id.0);
+    }
+    for keyed in [false, true] {
+        let batch: Vec<NewJob> = [None, Some(60.0)]
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| job(d, keyed.then_some(["k3", "k4"][i])))
+            .collect();
+        let (es, _) = job_insert_many(&mut conn, &batch, Wake::No).await.unwrap();
+        ids.extend(es.iter().map(|e| e.id.0));
+    }
+    let states: Vec<String> =
+        sqlx::query_scalar("SELECT state FROM jobq.jobs WHERE id = ANY($1) ORDER BY id")
+            .bind(&ids)
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    let due_or_not = ["pending", "scheduled"];
+    let expected: Vec<&str> = (0..8).map(|i| due_or_not[i % 2]).collect();
+    assert_eq!(states, expected);
+    drop(conn);
+    db.close().await;
+}
+
+#[tokio::test]
+async fn a_retry_with_backoff_is_scheduled_and_promoted_when_due() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO jobq.jobs (kind, payload, state, attempts, locked_until, locked_by)
+         VALUES ('a', '{}', 'running', 1, now() + interval '1 minute', 'w') RETURNING id",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let at = db_now(&mut conn).await.unwrap();
+    let fail = |delay_secs| FailParams {
+        id,
+        attempt: 1,
+        disposition: crate::error::Disposition::Retryable,
+        code: "x",
+        message: "m",
+        delay_secs,
+        now: Some(at),
+    };
+    assert_eq!(
+        job_fail(&mut conn, &fail(30.0)).await.unwrap().as_deref(),
+        Some("scheduled")
+    );
+    // Not due one millisecond early; due at its time, once.
+    let early = at + chrono::Duration::seconds(30) - chrono::Duration::milliseconds(1);
+    assert_eq!(
+        job_promote_due(&mut conn, 10, Some(early)).await.unwrap(),
+        0
+    );
+    assert!(claim(&mut conn, "default", 10).await.is_empty());
+    let due = at + chrono::Duration::seconds(30);
+    assert_eq!(job_promote_due(&mut conn, 10, Some(due)).await.unwrap(), 1);
+    assert_eq!(job_promote_due(&mut conn, 10, Some(due)).await.unwrap(), 0);
+    let state: String = sqlx::query_scalar("SELECT state FROM jobq.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(state, "pending");
+    drop(conn);
+    db.close().await;
+}
+
+#[tokio::test]
+async fn asking_about_a_queue_without_jobs_reads_no_table() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed_dirty(&mut conn).await;
+    exec(
+        &mut conn,
+        "INSERT INTO jobq.jobs (kind, queue, payload, state, finished_at)
+           VALUES ('a', 'history', '{}', 'failed', now());
+         ANALYZE jobq.jobs;",
+    )
+    .await;
+    let before = tuples_read(&mut conn).await;
+    assert!(!queue_exists(&mut conn, "idle").await.unwrap());
+    let read = tuples_read(&mut conn).await - before;
+    assert!(
+        read <= 5,
+        "asking about an unknown queue read {read} tuples"
+    );
+    // A queue with only history is known.
+    assert!(queue_exists(&mut conn, "history").await.unwrap());
+    drop(conn);
+    db.close().await;
+}
+
+#[tokio::test]
+async fn batched_completion_and_heartbeat_match_every_fence_of_a_large_batch() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    // 4,000 running jobs on attempt 2; every third input carries the stale attempt 1.
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO jobq.jobs (kind, payload, state, attempts, locked_until, locked_by)
+         SELECT 'a', '{}', 'running', 2, now() + interval '1 minute', 'w'
+         FROM generate_series(1, 4000) RETURNING id",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let attempt = |i: usize| if i.is_multiple_of(3) { 1 } else { 2 };
+    let leases: Vec<LeaseRenewal> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| LeaseRenewal {
+            id,
+            attempt: attempt(i),
+            lease_secs: 30.0 + (i % 7) as f64,
+        })
+        .collect();
+    let beats = lease_extend_many(&mut conn, &leases).await.unwrap();
+    for (i, b) in beats.iter().enumerate() {
+        let want = if attempt(i) == 2 {
+            LeaseStatus::Extended {
+                cancel_requested: false,
+            }
+        } else {
+            LeaseStatus::Lost
+        };
+        assert_eq!(*b, want, "lease {i}");
+    }
+    // Each extended lease got its own length.
+    let extended: Vec<&LeaseRenewal> = leases.iter().filter(|l| l.attempt == 2).collect();
+    let wrong: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobq.jobs j JOIN unnest($1::bigint[], $2::float8[]) f(id, secs)
+           ON j.id = f.id
+         WHERE abs(extract(epoch FROM j.locked_until - now()) - f.secs) > 1",
+    )
+    .bind(extended.iter().map(|l| l.id).collect::<Vec<_>>())
+    .bind(extended.iter().map(|l| l.lease_secs).collect::<Vec<_>>())
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(wrong, 0);
+
+    let fences: Vec<(i64, i32)> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| (id, attempt(i)))
+        .collect();
+    let done = job_complete_many(&mut conn, &fences, None).await.unwrap();
+    for (i, r) in done.iter().enumerate() {
+        let want = if attempt(i) == 2 {
+            FenceResult::Applied
+        } else {
+            FenceResult::Stale
+        };
+        assert_eq!(*r, want, "completion {i}");
+    }
+    // Completed already: the same fences again are told apart from stale ones.
+    let again = job_complete_many(&mut conn, &fences[..6], None)
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        [0, 1, 2, 3, 4, 5].map(|i| if attempt(i) == 2 {
+            FenceResult::AlreadyDone
+        } else {
+            FenceResult::Stale
+        })
+    );
+    drop(conn);
+    db.close().await;
+}
