@@ -9,6 +9,7 @@ CREATE FUNCTION jobq.job_state_in(states smallint, state text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT (states & CASE state
         WHEN 'pending'   THEN 1
+        WHEN 'scheduled' THEN 1   -- due later: still "pending" to a uniqueness rule
         WHEN 'running'   THEN 2
         WHEN 'done'      THEN 4
         WHEN 'failed'    THEN 8

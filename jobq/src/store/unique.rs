@@ -111,13 +111,17 @@ pub(crate) async fn job_insert_timed(
         ins AS (
             INSERT INTO jobq.jobs
                 (id, kind, queue, payload, priority, max_attempts, run_after, idempotency_key,
-                 payload_version, unique_key, unique_states, expires_at)
-            SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts,
-                   coalesce(run_after, now() + make_interval(secs => coalesce(delay, 0))),
+                 payload_version, unique_key, unique_states, expires_at, state)
+            SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts, at,
                    idempotency_key, version, unique_key,
                    CASE WHEN unique_key IS NOT NULL THEN ustates END,
-                   least(now() + make_interval(secs => max_age), deadline)
-            FROM input ORDER BY ord
+                   least(now() + make_interval(secs => max_age), deadline), "#,
+        state_sql!("at"),
+        r#"
+            FROM input,
+                 LATERAL (SELECT coalesce(run_after,
+                                          now() + make_interval(secs => coalesce(delay, 0))) AS at) t
+            ORDER BY ord
             ON CONFLICT DO NOTHING
             RETURNING id, kind, idempotency_key, unique_key, queue, run_after
         ),
@@ -231,20 +235,26 @@ async fn job_insert_replacing(
         WITH ins AS (
             INSERT INTO jobq.jobs AS j
                 (kind, queue, payload, priority, max_attempts, run_after, idempotency_key,
-                 payload_version, unique_key, unique_states, expires_at)
-            VALUES ($1, $2, $3::text::jsonb, $4, $5,
-                    coalesce($6, now() + make_interval(secs => coalesce($7, 0))), $8, $9,
+                 payload_version, unique_key, unique_states, expires_at, state)
+            SELECT $1, $2, $3::text::jsonb, $4, $5, t.at, $8, $9,
                     "#,
         unique_key_sql!("$10::text", "$12::float8"),
-        r#", $11, least(now() + make_interval(secs => $13), $14))
+        r#", $11, least(now() + make_interval(secs => $13), $14), "#,
+        state_sql!("t.at"),
+        r#"
+            FROM (SELECT coalesce($6, now() + make_interval(secs => coalesce($7, 0))) AS at) t
             ON CONFLICT (kind, unique_key)
                 WHERE unique_key IS NOT NULL AND jobq.job_state_in(unique_states, state)
             DO UPDATE SET
                 payload = CASE WHEN $17 THEN EXCLUDED.payload ELSE j.payload END,
                 payload_version = CASE WHEN $17 THEN EXCLUDED.payload_version
                                        ELSE j.payload_version END,
-                run_after = CASE WHEN $18 THEN EXCLUDED.run_after ELSE j.run_after END
-            WHERE j.state = 'pending'
+                run_after = CASE WHEN $18 THEN EXCLUDED.run_after ELSE j.run_after END,
+                -- A new run_after may move the job between due and scheduled.
+                state = CASE WHEN NOT $18 THEN j.state
+                             WHEN EXCLUDED.run_after > now() THEN 'scheduled'
+                             ELSE 'pending' END
+            WHERE j.state IN ('pending', 'scheduled')
             RETURNING j.id, j.queue, j.run_after, (j.xmax = 0) AS inserted
         ),
         "#,
