@@ -206,14 +206,14 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
             /// When the job is rejected before reaching the database (payload too large,
             /// a bad queue name), its args do not serialize, or the insert fails.
             #[allow(dead_code)]
-            #vis fn enqueue<'c, A>(
-                conn: A,
+            #vis fn enqueue<'__jobq, __JobqConn>(
+                conn: __JobqConn,
                 args: #args_ty,
             ) -> impl ::core::future::Future<
                 Output = ::core::result::Result<#p::Enqueued, #p::Error>,
-            > + ::core::marker::Send + use<'c, A>
+            > + ::core::marker::Send + use<'__jobq, __JobqConn>
             where
-                A: ::core::convert::Into<#p::Conn<'c>>,
+                __JobqConn: ::core::convert::Into<#p::Conn<'__jobq>>,
             {
                 <Self as #p::Job>::enqueue(conn, args)
             }
@@ -230,15 +230,15 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
             ///
             /// As `enqueue`; nothing is inserted if any job is rejected.
             #[allow(dead_code)]
-            #vis fn enqueue_many<'c, A, I>(
-                conn: A,
-                args: I,
+            #vis fn enqueue_many<'__jobq, __JobqConn, __JobqArgs>(
+                conn: __JobqConn,
+                args: __JobqArgs,
             ) -> impl ::core::future::Future<
                 Output = ::core::result::Result<::std::vec::Vec<#p::Enqueued>, #p::Error>,
-            > + ::core::marker::Send + use<'c, A, I>
+            > + ::core::marker::Send + use<'__jobq, __JobqConn, __JobqArgs>
             where
-                A: ::core::convert::Into<#p::Conn<'c>>,
-                I: ::core::iter::IntoIterator<Item = #args_ty>,
+                __JobqConn: ::core::convert::Into<#p::Conn<'__jobq>>,
+                __JobqArgs: ::core::iter::IntoIterator<Item = #args_ty>,
             {
                 <Self as #p::Job>::enqueue_many(conn, args)
             }
