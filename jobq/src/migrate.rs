@@ -34,6 +34,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "operations",
         sql: include_str!("../migrations/0002_operations.sql"),
     },
+    Migration {
+        version: 7,
+        name: "dashboard",
+        sql: include_str!("../migrations/0007_dashboard.sql"),
+    },
 ];
 
 /// An advisory-lock key only jobq's migrations use ("jobq" in ASCII).

@@ -7,6 +7,9 @@
 //! otherwise. Every action is written to `jobq.job_audit` with `--actor` (default
 //! `$USER`) and `--reason`.
 
+#[path = "jobq/dashboard.rs"]
+mod dashboard;
+
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -152,6 +155,8 @@ enum Command {
         #[arg(long, short)]
         yes: bool,
     },
+    /// Serve the web dashboard (loopback only unless credentials are given).
+    Dashboard(dashboard::DashboardArgs),
     /// The most recent operator actions.
     Audit {
         /// At most this many.
@@ -933,6 +938,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 );
             }
         }
+        Command::Dashboard(args) => dashboard::run(pool, args).await?,
         Command::Audit { limit } => {
             let rows = admin.audit(limit).await?;
             if json {

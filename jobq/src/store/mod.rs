@@ -37,6 +37,7 @@ macro_rules! here_sql {
 }
 
 mod admin;
+mod browse;
 mod effects;
 mod jobs;
 mod lease;
@@ -49,6 +50,8 @@ mod workers;
 
 pub(crate) use admin::*;
 pub use admin::{AuditRow, JobRow, TerminalJob, Transition};
+pub(crate) use browse::*;
+pub use browse::{FailedGroup, JobSummary, MinuteCount};
 pub(crate) use effects::*;
 pub(crate) use jobs::*;
 pub use lease::ReapReport;
