@@ -46,7 +46,9 @@ use crate::job::{Job, JobId, MAX_PAYLOAD_BYTES};
 use crate::registry::{JobHandler, registered_jobs};
 use crate::store::{self, Actor, TerminalFilter};
 
-pub use crate::store::{AuditRow, JobRow, ScheduleRow, TerminalJob, Transition};
+pub use crate::store::{
+    AuditRow, FailedGroup, JobRow, JobSummary, ScheduleRow, TerminalJob, Transition,
+};
 
 /// Operator actions over one pool, by one actor.
 #[derive(Debug, Clone)]
@@ -587,4 +589,113 @@ impl Admin {
                 name: name.to_owned(),
             })
     }
+
+    /// Jobs matching `query`, newest first, at most `limit`: one page of the dashboard's
+    /// list. The next page is `query.before(last id)`, a keyset that costs the same on
+    /// every page.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`].
+    pub async fn jobs(&self, query: &JobQuery, limit: u32) -> Result<Vec<JobSummary>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        store::job_browse(&mut conn, &query.store(), i64::from(limit)).await
+    }
+
+    /// The database's plan for [`jobs`](Self::jobs)' statement, one `EXPLAIN` line each:
+    /// to check that a filter pages on an index.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`].
+    pub async fn jobs_plan(&self, query: &JobQuery, limit: u32) -> Result<Vec<String>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        store::job_browse_explain(&mut conn, &query.store(), i64::from(limit)).await
+    }
+
+    /// Every `failed` job, grouped by queue, kind and last error code, largest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`].
+    pub async fn failed_groups(&self) -> Result<Vec<FailedGroup>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        store::job_failed_groups(&mut conn).await
+    }
+
+    /// Audit rows matching `query`, newest first, at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`].
+    pub async fn audit_filtered(
+        &self,
+        query: &AuditQuery,
+        limit: u32,
+    ) -> Result<Vec<AuditRow>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        let f = store::AuditBrowse {
+            action: query.action.as_deref(),
+            actor: query.actor.as_deref(),
+            job_id: query.job_id,
+            before: query.before,
+        };
+        store::audit_browse(&mut conn, &f, i64::from(limit)).await
+    }
+}
+
+/// Which jobs [`Admin::jobs`] lists; the default lists every job. Every field narrows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobQuery {
+    /// This id only.
+    pub id: Option<i64>,
+    /// `pending`, `running`, `done`, `failed` or `cancelled`.
+    pub state: Option<String>,
+    /// This queue.
+    pub queue: Option<String>,
+    /// This kind.
+    pub kind: Option<String>,
+    /// Last error code.
+    pub code: Option<String>,
+    /// Enqueued at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Enqueued before.
+    pub until: Option<DateTime<Utc>>,
+    /// Ids below this one only: the next page after a page whose last id this is.
+    pub before: Option<i64>,
+}
+
+impl JobQuery {
+    /// The next page after a page whose last (smallest) id is `id`.
+    #[must_use]
+    pub fn before(mut self, id: i64) -> Self {
+        self.before = Some(id);
+        self
+    }
+
+    fn store(&self) -> store::BrowseFilter<'_> {
+        store::BrowseFilter {
+            id: self.id,
+            state: self.state.as_deref(),
+            queue: self.queue.as_deref(),
+            kind: self.kind.as_deref(),
+            code: self.code.as_deref(),
+            since: self.since,
+            until: self.until,
+            before: self.before,
+        }
+    }
+}
+
+/// Which audit rows [`Admin::audit_filtered`] lists; the default lists all.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AuditQuery {
+    /// This action (`replay`, `cancel`, `pause`, …).
+    pub action: Option<String>,
+    /// This actor.
+    pub actor: Option<String>,
+    /// This job.
+    pub job_id: Option<i64>,
+    /// Rows with an id below this one only: the next page.
+    pub before: Option<i64>,
 }

@@ -67,6 +67,8 @@ mod retry;
 mod runtime;
 pub mod stats;
 mod store;
+#[cfg(feature = "web")]
+pub mod web;
 
 pub use context::{InTransaction, JobContext};
 pub use error::{Classification, Classify, Disposition, Error, JobError};

@@ -49,6 +49,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "time",
         sql: include_str!("../migrations/0005_time.sql"),
     },
+    Migration {
+        version: 7,
+        name: "dashboard",
+        sql: include_str!("../migrations/0007_dashboard.sql"),
+    },
 ];
 
 /// An advisory-lock key only jobq's migrations use ("jobq" in ASCII).

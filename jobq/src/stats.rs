@@ -28,6 +28,8 @@ use crate::error::Error;
 use crate::registry::registered_jobs;
 use crate::store;
 
+pub use crate::store::MinuteCount;
+
 /// What [`stats_with`] reads.
 #[derive(Debug, Clone)]
 pub struct StatsOptions {
@@ -394,4 +396,36 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
         (a, None) => a,
         (None, b) => b,
     }
+}
+
+/// Done and failed jobs per minute over the last `window`, oldest first, one entry per
+/// minute (zeros included), ending with the current minute: the dashboard's throughput
+/// and failure charts.
+///
+/// # Errors
+///
+/// [`Error::Database`] when the database cannot be reached.
+pub async fn per_minute(pool: &PgPool, window: Duration) -> Result<Vec<MinuteCount>, Error> {
+    let mut conn = pool.acquire().await?;
+    let now = store::db_now(&mut conn).await?;
+    let minutes = (window.as_secs() / 60).max(1) as i64;
+    let end =
+        chrono::DurationRound::duration_trunc(now, chrono::Duration::minutes(1)).unwrap_or(now);
+    let since = end - chrono::Duration::minutes(minutes - 1);
+    let rows = store::stats_per_minute(&mut conn, since).await?;
+    let mut out: Vec<MinuteCount> = (0..minutes)
+        .map(|i| MinuteCount {
+            minute: since + chrono::Duration::minutes(i),
+            done: 0,
+            failed: 0,
+        })
+        .collect();
+    for r in rows {
+        let i = (r.minute - since).num_minutes();
+        if let Some(slot) = usize::try_from(i).ok().and_then(|i| out.get_mut(i)) {
+            slot.done = r.done;
+            slot.failed = r.failed;
+        }
+    }
+    Ok(out)
 }

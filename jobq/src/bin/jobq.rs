@@ -9,6 +9,8 @@
 
 #[path = "jobq/schedules.rs"]
 mod schedules;
+#[path = "jobq/dashboard.rs"]
+mod dashboard;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -169,6 +171,8 @@ enum Command {
         #[command(subcommand)]
         action: schedules::ScheduleAction,
     },
+    /// Serve the web dashboard (loopback only unless credentials are given).
+    Dashboard(dashboard::DashboardArgs),
     /// The most recent operator actions.
     Audit {
         /// At most this many.
@@ -988,6 +992,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Schedules => schedules::list(&admin, json).await?,
         Command::Schedule { action } => schedules::act(&admin, action, json).await?,
+        Command::Dashboard(args) => dashboard::run(pool, args).await?,
         Command::Audit { limit } => {
             let rows = admin.audit(limit).await?;
             if json {

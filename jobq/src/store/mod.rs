@@ -49,6 +49,7 @@ macro_rules! state_sql {
 }
 
 mod admin;
+mod browse;
 mod effects;
 mod jobs;
 mod lease;
@@ -66,6 +67,8 @@ mod workers;
 
 pub(crate) use admin::*;
 pub use admin::{AuditRow, JobRow, TerminalJob, Transition};
+pub(crate) use browse::*;
+pub use browse::{FailedGroup, JobSummary, MinuteCount};
 pub(crate) use effects::*;
 pub(crate) use jobs::*;
 pub use lease::ReapReport;
