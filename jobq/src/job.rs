@@ -550,8 +550,8 @@ enum Target<'c> {
 
 impl<'c> Target<'c> {
     async fn open(conn: Conn<'c>, wake: bool) -> Result<Target<'c>, Error> {
-        Ok(match conn {
-            Conn::Pool(pool) => {
+        Ok(match conn.0 {
+            ConnKind::Pool(pool) => {
                 let on_pool = PoolEnqueue::begin(pool);
                 let held = on_pool.connection().await?;
                 Target::Pool {
@@ -560,7 +560,7 @@ impl<'c> Target<'c> {
                     wake,
                 }
             }
-            Conn::Connection(conn) => Target::Caller {
+            ConnKind::Connection(conn) => Target::Caller {
                 conn,
                 wake,
                 routes: if wake {
@@ -639,8 +639,13 @@ impl<'c> Target<'c> {
 /// (A concrete type rather than a generic `sqlx::Acquire` bound: the latter's
 /// higher-ranked lifetime makes futures that use it fail to be `Send` inside spawned
 /// tasks, with the error "implementation of `Acquire` is not general enough".)
+///
+/// Opaque: build one with `.into()` (or let `impl Into<Conn>` do it).
 #[derive(Debug)]
-pub enum Conn<'c> {
+pub struct Conn<'c>(ConnKind<'c>);
+
+#[derive(Debug)]
+enum ConnKind<'c> {
     /// Acquire a connection from this pool for the statement.
     Pool(&'c PgPool),
     /// Run on this connection (inside whatever transaction it has open).
@@ -649,24 +654,24 @@ pub enum Conn<'c> {
 
 impl<'c> From<&'c PgPool> for Conn<'c> {
     fn from(pool: &'c PgPool) -> Self {
-        Conn::Pool(pool)
+        Conn(ConnKind::Pool(pool))
     }
 }
 
 impl<'c> From<&'c mut PgConnection> for Conn<'c> {
     fn from(conn: &'c mut PgConnection) -> Self {
-        Conn::Connection(conn)
+        Conn(ConnKind::Connection(conn))
     }
 }
 
 impl<'c> From<&'c mut Transaction<'_, Postgres>> for Conn<'c> {
     fn from(tx: &'c mut Transaction<'_, Postgres>) -> Self {
-        Conn::Connection(&mut *tx)
+        Conn(ConnKind::Connection(&mut *tx))
     }
 }
 
 impl<'c> From<&'c mut PoolConnection<Postgres>> for Conn<'c> {
     fn from(conn: &'c mut PoolConnection<Postgres>) -> Self {
-        Conn::Connection(&mut *conn)
+        Conn(ConnKind::Connection(&mut *conn))
     }
 }
