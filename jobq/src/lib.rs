@@ -260,12 +260,18 @@ pub use jobq_macros::upgrade;
 pub use jobq_macros::Classify;
 pub use migrate::{MIGRATIONS, Migration, migrate};
 pub use pooled::{WakeUpRoute, route_wake_ups};
-pub use registry::{Failure, JobHandler, Registration, registered_jobs};
+pub use registry::Failure;
+// Hooks for `jobq-testing` and the macros' output, not part of the interface users hold.
+#[doc(hidden)]
+pub use registry::{JobHandler, Registration, registered_jobs};
 pub use retry::{DEFAULT_MAX_ATTEMPTS, RetryPolicy};
 pub use runtime::{
-    AttemptOutcome, DEFAULT_CONCURRENCY, DEFAULT_PREFETCH, DrainReport, DrainedAttempt, Runtime,
-    RuntimeBuilder, RuntimeHandle, ShutdownReport, run_attempt, run_attempt_versioned,
+    AttemptOutcome, DEFAULT_CONCURRENCY, DEFAULT_PREFETCH, Runtime, RuntimeBuilder,
+    RuntimeHandle, ShutdownReport,
 };
+// Test hooks `jobq-testing` builds on (`Runtime::drain`, one attempt outside the runtime).
+#[doc(hidden)]
+pub use runtime::{DrainReport, DrainedAttempt, run_attempt, run_attempt_versioned};
 
 /// What generated code needs; not part of the public API.
 ///

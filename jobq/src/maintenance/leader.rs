@@ -80,6 +80,7 @@ impl Leader {
         }
     }
 
+    #[doc(hidden)]
     /// The backend process id of the held connection (for tests that cut it off).
     ///
     /// # Errors
