@@ -13,7 +13,7 @@
 //! - `CHAOS_CRASH`: `none`, `after_claim`, `mid_handler` or `after_effect`
 //! - `CHAOS_CRASH_ON`: the number of the job (counted in this process) to crash on
 //! - `CHAOS_HOG_POOL`: `1` to take every pool connection it can for 2.5 s (past the
-//!   2 s lease), first after 1 s, then every 6 s
+//!   2 s lease), first after 1 s, then every 6 s; each round is written to `hog_rounds`
 //! - `CHAOS_POOL`: pool size (default 6)
 //! - `CHAOS_REPORT_CLOCK`: `1` to write this process's wall clock to `worker_clocks`
 //!
@@ -184,7 +184,14 @@ async fn main() -> anyhow::Result<()> {
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(2500)).await;
+                let took = held.len();
                 drop(held);
+                // The scenario's proof that the pool really ran dry (no table: not asked).
+                let _ = sqlx::query("INSERT INTO hog_rounds (held, pool) VALUES ($1, $2)")
+                    .bind(i32::try_from(took).unwrap_or(i32::MAX))
+                    .bind(i32::try_from(pool_size).unwrap_or(i32::MAX))
+                    .execute(&hog)
+                    .await;
             }
         });
     }
