@@ -72,14 +72,7 @@ async fn three_node_processes_enqueue_every_one_second_slot_exactly_once() -> an
     let pool = db.pool();
     let mut nodes = Nodes(Vec::new());
     for _ in 0..3 {
-        nodes.0.push(
-            Command::new(env!("CARGO_BIN_EXE_periodic_node"))
-                .env("DATABASE_URL", db.url())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()?,
-        );
+        nodes.0.push(spawn_node(&db)?);
     }
     let enough = tests::eventually(Duration::from_secs(90), || async {
         slots(pool, "every_second").await.len() >= 15
@@ -95,13 +88,68 @@ async fn three_node_processes_enqueue_every_one_second_slot_exactly_once() -> an
         slots.len(),
         "a slot was enqueued twice: {slots:?}"
     );
+    assert_every_slot_once(&slots);
+    Ok(())
+}
+
+fn spawn_node(db: &TestDatabase) -> std::io::Result<Child> {
+    Command::new(env!("CARGO_BIN_EXE_periodic_node"))
+        .env("DATABASE_URL", db.url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+}
+
+/// Asserts one job per one-second slot, contiguous.
+fn assert_every_slot_once(slots: &[DateTime<Utc>]) {
     for pair in slots.windows(2) {
         assert_eq!(
             (pair[1] - pair[0]).num_milliseconds(),
             1000,
-            "a slot was skipped: {slots:?}"
+            "a slot was skipped or repeated: {slots:?}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_node_killed_and_replaced_three_slots_later_leaves_no_slot_behind() -> anyhow::Result<()>
+{
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let mut first = Nodes(vec![spawn_node(&db)?]);
+    let started = tests::eventually(Duration::from_secs(60), || async {
+        slots(pool, "every_second").await.len() >= 3
+    })
+    .await;
+    assert!(started, "the first node enqueued no slots");
+    drop(first.0.pop().map(|mut c| {
+        let _ = c.kill();
+        c.wait()
+    }));
+    let last = *slots(pool, "every_second").await.last().unwrap();
+    // Three slots pass with no node, by the database's clock.
+    let passed = tests::eventually(Duration::from_secs(60), || async {
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        now >= last + chrono::Duration::milliseconds(3500)
+    })
+    .await;
+    assert!(passed);
+    assert_eq!(slots(pool, "every_second").await.last(), Some(&last));
+    let _second = Nodes(vec![spawn_node(&db)?]);
+    let resumed = tests::eventually(Duration::from_secs(60), || async {
+        slots(pool, "every_second")
+            .await
+            .last()
+            .is_some_and(|s| *s >= last + chrono::Duration::seconds(6))
+    })
+    .await;
+    assert!(resumed, "the second node did not take over");
+    // The node's policy is `all(max = 1000)`: the three missed slots are enqueued too.
+    assert_every_slot_once(&slots(pool, "every_second").await);
     Ok(())
 }
 
