@@ -136,6 +136,7 @@ async fn inserts_put_future_jobs_in_scheduled() {
         run_after: None,
         delay_secs: delay,
         idempotency_key: key.map(str::to_owned),
+        time: Default::default(),
     };
     let mut ids = Vec::new();
     for (delay, key) in [
@@ -176,8 +177,8 @@ async fn a_retry_with_backoff_is_scheduled_and_promoted_when_due() {
     let db = jobq_testing::TestDatabase::new().await.unwrap();
     let mut conn = db.pool().acquire().await.unwrap();
     let id: i64 = sqlx::query_scalar(
-        "INSERT INTO jobq.jobs (kind, payload, state, attempts, locked_until, locked_by)
-         VALUES ('a', '{}', 'running', 1, now() + interval '1 minute', 'w') RETURNING id",
+        "INSERT INTO jobq.jobs (kind, payload, state, attempts, lease_gen, locked_until, locked_by)
+         VALUES ('a', '{}', 'running', 1, 1, now() + interval '1 minute', 'w') RETURNING id",
     )
     .fetch_one(&mut *conn)
     .await
@@ -185,7 +186,7 @@ async fn a_retry_with_backoff_is_scheduled_and_promoted_when_due() {
     let at = db_now(&mut conn).await.unwrap();
     let fail = |delay_secs| FailParams {
         id,
-        attempt: 1,
+        fence: 1,
         disposition: crate::error::Disposition::Retryable,
         code: "x",
         message: "m",
@@ -247,20 +248,20 @@ async fn batched_completion_and_heartbeat_match_every_fence_of_a_large_batch() {
     let mut conn = db.pool().acquire().await.unwrap();
     // 4,000 running jobs on attempt 2; every third input carries the stale attempt 1.
     let ids: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO jobq.jobs (kind, payload, state, attempts, locked_until, locked_by)
-         SELECT 'a', '{}', 'running', 2, now() + interval '1 minute', 'w'
+        "INSERT INTO jobq.jobs (kind, payload, state, attempts, lease_gen, locked_until, locked_by)
+         SELECT 'a', '{}', 'running', 2, 2, now() + interval '1 minute', 'w'
          FROM generate_series(1, 4000) RETURNING id",
     )
     .fetch_all(&mut *conn)
     .await
     .unwrap();
-    let attempt = |i: usize| if i.is_multiple_of(3) { 1 } else { 2 };
+    let attempt = |i: usize| -> i64 { if i.is_multiple_of(3) { 1 } else { 2 } };
     let leases: Vec<LeaseRenewal> = ids
         .iter()
         .enumerate()
         .map(|(i, &id)| LeaseRenewal {
             id,
-            attempt: attempt(i),
+            fence: attempt(i),
             lease_secs: 30.0 + (i % 7) as f64,
         })
         .collect();
@@ -276,7 +277,7 @@ async fn batched_completion_and_heartbeat_match_every_fence_of_a_large_batch() {
         assert_eq!(*b, want, "lease {i}");
     }
     // Each extended lease got its own length.
-    let extended: Vec<&LeaseRenewal> = leases.iter().filter(|l| l.attempt == 2).collect();
+    let extended: Vec<&LeaseRenewal> = leases.iter().filter(|l| l.fence == 2).collect();
     let wrong: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM jobq.jobs j JOIN unnest($1::bigint[], $2::float8[]) f(id, secs)
            ON j.id = f.id
@@ -289,7 +290,7 @@ async fn batched_completion_and_heartbeat_match_every_fence_of_a_large_batch() {
     .unwrap();
     assert_eq!(wrong, 0);
 
-    let fences: Vec<(i64, i32)> = ids
+    let fences: Vec<(i64, i64)> = ids
         .iter()
         .enumerate()
         .map(|(i, &id)| (id, attempt(i)))
