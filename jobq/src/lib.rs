@@ -61,6 +61,7 @@ pub mod maintenance;
 pub mod metrics;
 mod migrate;
 mod notify;
+mod output;
 mod pooled;
 mod registry;
 mod retry;
@@ -222,6 +223,7 @@ pub use jobq_macros::job;
 #[doc(inline)]
 pub use jobq_macros::Classify;
 pub use migrate::{MIGRATIONS, Migration, migrate};
+pub use output::MAX_OUTPUT_BYTES;
 pub use pooled::{WakeUpRoute, route_wake_ups};
 pub use registry::{Failure, JobHandler, Registration, registered_jobs};
 pub use retry::{DEFAULT_MAX_ATTEMPTS, RetryPolicy};
@@ -242,6 +244,7 @@ pub mod __private {
     pub use crate::context::JobContext;
     pub use crate::error::{Classification, Classify, Disposition, Error};
     pub use crate::job::{Conn, EnqueueBuilder, Enqueued, Job};
+    pub use crate::output::{OutputOf, RecordOther, RecordSerialize};
     pub use crate::registry::Registration;
     pub use crate::retry::RetryPolicy;
     pub use async_trait;

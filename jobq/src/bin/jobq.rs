@@ -683,6 +683,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ("first failed", time(j.first_failed_at)),
                     ("last failed", time(j.last_failed_at)),
                     ("payload", j.payload.to_string()),
+                    (
+                        "output",
+                        j.output
+                            .as_ref()
+                            .map_or_else(|| "-".into(), ToString::to_string),
+                    ),
                 ];
                 for (k, v) in fields {
                     println!("{k:<17} {v}");

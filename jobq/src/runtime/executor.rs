@@ -139,7 +139,9 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 /// ```
 pub async fn run_attempt<J: Job>(ctx: JobContext, payload: serde_json::Value) -> AttemptOutcome {
     let handler = JobHandler::of::<J>();
-    execute(&handler, ctx, payload, std::future::pending()).await
+    let recorder = ctx.clone();
+    let outcome = execute(&handler, ctx, payload, std::future::pending()).await;
+    recorded(&recorder, outcome).0
 }
 
 /// Everything one attempt in the running runtime needs besides its job.
@@ -267,20 +269,21 @@ pub(crate) async fn run_claimed(
         });
         let waited = waited.await;
         drop(done);
-        let outcome = match waited {
+        let (outcome, output) = match waited {
             Ok(s) => {
                 slot = Some(s);
+                let recorder = ctx.clone();
                 let outcome = execute(&handler, ctx, payload, stop).await;
                 env.finished
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                outcome
+                recorded(&recorder, outcome)
             }
             // Claimed ahead and never started: a shutdown or a cancel request hands it
             // back at once, as an interrupted attempt (the attempt does not count).
-            Err(outcome) => outcome,
+            Err(outcome) => (outcome, None),
         };
         tracing::Span::current().record("job.outcome", outcome.label());
-        let write = outcome_write(&handler, &job, &outcome);
+        let write = outcome_write(&handler, &job, &outcome, output);
         if let Some(write) = write {
             // Handed back by the shutdown (an operator's cancel of a job waiting for its
             // slot is handed back too, but is not the shutdown's doing).
@@ -352,16 +355,40 @@ pub(crate) fn attempt_context(
     })
 }
 
+/// The outcome with the attempt's recorded output (left readable on `ctx`): a successful attempt whose returned
+/// value could not be recorded (too large, not JSON) fails permanently with the reason.
+pub(crate) fn recorded(
+    ctx: &JobContext,
+    outcome: AttemptOutcome,
+) -> (AttemptOutcome, Option<String>) {
+    match (outcome, ctx.output_text()) {
+        (AttemptOutcome::Done, Some(Ok(text))) => (AttemptOutcome::Done, Some(text)),
+        (AttemptOutcome::Done, Some(Err((code, message)))) => (
+            AttemptOutcome::Failed(Failure {
+                class: Classification::permanent(code),
+                message,
+            }),
+            None,
+        ),
+        (outcome, _) => (outcome, None),
+    }
+}
+
 /// The write an outcome calls for; `None` for a lost lease (the job is not ours).
 pub(crate) fn outcome_write(
     handler: &JobHandler,
     job: &crate::store::ClaimedJob,
     outcome: &AttemptOutcome,
+    output: Option<String>,
 ) -> Option<super::completer::Write> {
     use super::completer::Write;
     let (id, attempt) = (job.id, job.attempt);
     match outcome {
-        AttemptOutcome::Done => Some(Write::Complete { id, attempt }),
+        AttemptOutcome::Done => Some(Write::Complete {
+            id,
+            attempt,
+            output,
+        }),
         AttemptOutcome::Failed(f) => {
             let delay = f.retry_delay(&handler.retry(), u32::try_from(attempt).unwrap_or(1));
             match f.class.disposition {

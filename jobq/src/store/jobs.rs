@@ -487,9 +487,21 @@ pub(crate) enum FenceResult {
 /// the ids it applied to and the results are matched up here; only inputs it did not
 /// apply to (rare: stale attempts, or jobs the attempt completed in its own transaction)
 /// need the second statement that tells those two apart.
+#[cfg(test)]
 pub(crate) async fn job_complete_many(
     conn: &mut PgConnection,
     fences: &[(i64, i32)],
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<FenceResult>, Error> {
+    job_complete_with_outputs(conn, fences, &[], now).await
+}
+
+/// [`job_complete_many`], writing `outputs[i]` (serialized JSON) as the output of
+/// `fences[i]` where given (`outputs` may be shorter; missing or `None` keep the column).
+pub(crate) async fn job_complete_with_outputs(
+    conn: &mut PgConnection,
+    fences: &[(i64, i32)],
+    outputs: &[Option<&str>],
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<FenceResult>, Error> {
     if fences.is_empty() {
@@ -497,11 +509,20 @@ pub(crate) async fn job_complete_many(
     }
     let ids: Vec<i64> = fences.iter().map(|f| f.0).collect();
     let attempts: Vec<i32> = fences.iter().map(|f| f.1).collect();
+    // NULL when no job has an output: the statement then never indexes the array.
+    let outputs: Option<Vec<Option<&str>>> = outputs.iter().any(Option::is_some).then(|| {
+        (0..fences.len())
+            .map(|i| outputs.get(i).copied().flatten())
+            .collect()
+    });
     let applied: Vec<i64> = sqlx::query_scalar(
         r#"
         UPDATE jobq.jobs j
         SET state = 'done', finished_at = coalesce($3, now()),
-            locked_until = NULL, locked_by = NULL
+            locked_until = NULL, locked_by = NULL,
+            output = CASE WHEN $4::text[] IS NULL THEN j.output
+                          ELSE coalesce((($4::text[])[array_position($1::bigint[], j.id)])::jsonb,
+                                        j.output) END
         WHERE j.id = ANY($1::bigint[]) AND (j.state = 'running') IS TRUE
           AND j.attempts = ($2::int4[])[array_position($1::bigint[], j.id)]
         RETURNING j.id
@@ -510,6 +531,7 @@ pub(crate) async fn job_complete_many(
     .bind(&ids)
     .bind(&attempts)
     .bind(now)
+    .bind(outputs)
     .fetch_all(&mut *conn)
     .await?;
     let applied: std::collections::HashSet<i64> = applied.into_iter().collect();
