@@ -132,14 +132,31 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
         }
         None => quote!(#fn_name(args)),
     };
+    let unit = check::is_unit(h.ok_ty);
     let ctx_param = match h.ctx {
         Some(_) => quote!(ctx),
-        None => quote!(_ctx),
+        None if unit => quote!(_ctx),
+        None => quote!(ctx),
     };
-    let body = if check::is_unit(h.ok_ty) {
+    let ok_ty = h.ok_ty;
+    let body = if unit {
         call
     } else {
-        quote!(async move { ::core::result::Result::map(#call.await, ::core::mem::drop) })
+        // `Ok(value)` of a `Serialize` type is recorded as the job's output
+        // (`jobs.output`); any other value is dropped (autoref specialisation: the
+        // `Serialize` impl is found first when it applies).
+        quote!({
+            let __jobq_out = ::core::clone::Clone::clone(&ctx);
+            async move {
+                let __jobq_value: #ok_ty = #call.await?;
+                {
+                    #[allow(unused_imports)]
+                    use #p::{RecordOther as _, RecordSerialize as _};
+                    (&#p::OutputOf(&__jobq_value)).__jobq_record(&__jobq_out);
+                }
+                ::core::result::Result::Ok(())
+            }
+        })
     };
     let sig_span = func.sig.ident.span();
     let run_ret = quote_spanned! {sig_span=>

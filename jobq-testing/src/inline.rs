@@ -383,6 +383,15 @@ impl<J: Job> Perform<J> {
         let outcome = jobq::run_attempt::<J>(ctx, payload).await;
         classify::<J>(outcome, self.attempt, self.max_attempts)
     }
+
+    /// [`run`](Self::run), with the output the attempt recorded (a handler's `Ok(value)`
+    /// of a `Serialize` type, or [`JobContext::record_output`]), as the runtime would
+    /// store it in `jobs.output`.
+    pub async fn run_with_output(self) -> (Outcome, Option<serde_json::Value>) {
+        let ctx = self.ctx.clone();
+        let outcome = self.run().await;
+        (outcome, ctx.recorded_output())
+    }
 }
 
 /// One inline attempt of job `J` on a stored payload of payload version `version`, as a

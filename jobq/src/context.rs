@@ -42,6 +42,8 @@ struct Inner {
     cancel: CancellationToken,
     lease: Option<AttemptLease>,
     state: State,
+    /// The attempt's recorded output (or why it could not be recorded).
+    output: Arc<std::sync::Mutex<Option<Result<String, crate::output::Refused>>>>,
 }
 
 /// The database side of an attempt: the pool, the lease length and the local deadline
@@ -127,6 +129,7 @@ impl JobContext {
                 cancel: p.cancel,
                 lease: p.lease,
                 state: p.state,
+                output: Arc::default(),
             }),
         }
     }
@@ -227,6 +230,42 @@ impl JobContext {
     /// This attempt's number, starting at 1.
     pub fn attempt(&self) -> u32 {
         self.inner.attempt
+    }
+
+    /// Records `value` as the job's output (`jobs.output`), written with the attempt's
+    /// completion; a later call replaces it. A handler returning `Ok(value)` of a
+    /// `Serialize` type records it this way by itself.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] (`output_too_large`) past [`MAX_OUTPUT_BYTES`](crate::MAX_OUTPUT_BYTES)
+    /// serialized, or (`invalid_output`) for a value that does not serialize as JSON jsonb
+    /// can store; nothing is recorded then.
+    pub fn record_output<T: serde::Serialize + ?Sized>(&self, value: &T) -> Result<(), Error> {
+        let text = crate::output::encode(value).map_err(|(code, m)| Error::invalid(code, m))?;
+        self.set_output(Ok(text));
+        Ok(())
+    }
+
+    /// The output recorded so far by this attempt, if any.
+    pub fn recorded_output(&self) -> Option<serde_json::Value> {
+        match &*self.inner.output.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(Ok(text)) => serde_json::from_str(text).ok(),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn set_output(&self, output: Result<String, crate::output::Refused>) {
+        *self.inner.output.lock().unwrap_or_else(|p| p.into_inner()) = Some(output);
+    }
+
+    /// The recorded output (`Err`: why the returned value could not be recorded).
+    pub(crate) fn output_text(&self) -> Option<Result<String, crate::output::Refused>> {
+        self.inner
+            .output
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// How many attempts the job has in all.

@@ -61,6 +61,7 @@ pub mod maintenance;
 pub mod metrics;
 mod migrate;
 mod notify;
+mod output;
 mod pooled;
 mod registry;
 mod retry;
@@ -259,6 +260,7 @@ pub use jobq_macros::upgrade;
 #[doc(inline)]
 pub use jobq_macros::Classify;
 pub use migrate::{MIGRATIONS, Migration, migrate};
+pub use output::MAX_OUTPUT_BYTES;
 pub use pooled::{WakeUpRoute, route_wake_ups};
 pub use registry::Failure;
 // Hooks for `jobq-testing` and the macros' output, not part of the interface users hold.
@@ -289,6 +291,7 @@ pub mod __private {
         decode_as,
     };
     pub use crate::maintenance::{Missed, Schedule};
+    pub use crate::output::{OutputOf, RecordOther, RecordSerialize};
     pub use crate::registry::Registration;
     pub use crate::retry::RetryPolicy;
     pub use async_trait;

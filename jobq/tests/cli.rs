@@ -495,3 +495,78 @@ async fn prune_honours_per_kind_retention() {
     assert!(err(&url, &["prune", "--kind-retention", "no-equals"]).contains("KIND=DONE"));
     db.close().await;
 }
+
+/// `jobq dashboard`: refuses a non-loopback address without credentials; on loopback it
+/// serves the overview; with a token, requests without it get 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_serves_loopback_and_refuses_an_open_bind_without_credentials() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = TestDatabase::new().await.unwrap();
+    let url = url(&db);
+    let e = err(&url, &["dashboard", "--bind", "0.0.0.0:0"]);
+    assert!(e.contains("without credentials"), "{e}");
+    // `jobq show` prints a job's recorded output.
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO jobq.jobs (kind, payload, state, finished_at, output)
+         VALUES ('k', '{}', 'done', now(), '{\"receipt\": 77}') RETURNING id",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    let shown = ok(&url, &["show", &id.to_string()]);
+    assert!(shown.contains(r#"{"receipt":77}"#), "{shown}");
+    assert_eq!(
+        json(&url, &["show", &id.to_string()])["job"]["output"]["receipt"],
+        77
+    );
+
+    let get = |port: u16, auth: Option<&'static str>| async move {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let auth = auth.map_or_else(String::new, |a| format!("Authorization: {a}\r\n"));
+        let req = format!("GET / HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        Some(out)
+    };
+    for (extra, auth, want) in [
+        (vec![], None, "HTTP/1.1 200"),
+        (vec!["--token", "ci:tok"], None, "HTTP/1.1 401"),
+        (
+            vec!["--token", "ci:tok"],
+            Some("Bearer tok"),
+            "HTTP/1.1 200",
+        ),
+    ] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let bind = format!("127.0.0.1:{port}");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_jobq"))
+            .args(["dashboard", "--bind", &bind])
+            .args(&extra)
+            .env("DATABASE_URL", &url)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let answer = loop {
+            if let Some(a) = get(port, auth).await {
+                break a;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the dashboard never answered"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(answer.starts_with(want), "{extra:?} {auth:?}: {answer}");
+    }
+}

@@ -616,6 +616,11 @@ async fn a_read_only_viewer_sees_no_payload_and_may_take_no_action() -> anyhow::
         .edit_payload(JobId(failed), json!({"card": "4242-SECRET"}), None)
         .await?;
     let before = audit_rows(pool).await.len();
+    let done = seed(pool, "mail", "send_mail", "done", None).await;
+    sqlx::query("UPDATE jobq.jobs SET output = '{\"receipt\": \"OUT-SECRET\"}' WHERE id = $1")
+        .bind(done)
+        .execute(pool)
+        .await?;
 
     let server = Server::start(pool, admins()).await;
     let b = Browser::start().await;
@@ -629,6 +634,13 @@ async fn a_read_only_viewer_sees_no_payload_and_may_take_no_action() -> anyhow::
         "no action forms"
     );
     b.screenshot("read-only-job").await;
+    b.goto(&server.url(viewer, &format!("/jobs/{done}"))).await;
+    assert!(
+        b.text("main")
+            .await
+            .contains("your role does not see outputs")
+    );
+    assert!(!b.client.source().await?.contains("OUT-SECRET"));
     b.goto(&server.url(viewer, "/audit")).await;
     assert!(b.text("#audit").await.contains("edit_payload"));
     assert!(!b.client.source().await?.contains("4242-SECRET"));
@@ -668,6 +680,11 @@ async fn a_read_only_viewer_sees_no_payload_and_may_take_no_action() -> anyhow::
     b.goto(&server.url(Some(("alice", "alice-pw")), &format!("/jobs/{failed}")))
         .await;
     assert!(b.text("#payload").await.contains("4242-SECRET"));
+    b.goto(&server.url(Some(("alice", "alice-pw")), &format!("/jobs/{done}")))
+        .await;
+    assert!(b.text("#output").await.contains("OUT-SECRET"));
+    b.goto(&server.url(Some(("alice", "alice-pw")), &format!("/jobs/{failed}")))
+        .await;
     let (status, _) = b
         .post(
             &format!("/jobs/{failed}/replay"),

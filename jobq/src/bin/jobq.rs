@@ -722,6 +722,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ("first failed", time(j.first_failed_at)),
                     ("last failed", time(j.last_failed_at)),
                     ("payload", j.payload_text.clone()),
+                    (
+                        "output",
+                        j.output
+                            .as_ref()
+                            .map_or_else(|| "-".into(), ToString::to_string),
+                    ),
                 ];
                 for (k, v) in fields {
                     println!("{k:<17} {v}");

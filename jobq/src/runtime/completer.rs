@@ -25,6 +25,8 @@ pub(crate) enum Write {
     Complete {
         id: i64,
         fence: i64,
+        /// The recorded output, serialized JSON.
+        output: Option<String>,
     },
     Fail {
         id: i64,
@@ -43,7 +45,7 @@ pub(crate) enum Write {
 impl Write {
     fn fence(&self) -> (i64, i64) {
         match self {
-            Write::Complete { id, fence }
+            Write::Complete { id, fence, .. }
             | Write::Fail { id, fence, .. }
             | Write::HandBack { id, fence } => (*id, *fence),
         }
@@ -69,8 +71,10 @@ pub(crate) async fn write_one(
     now: Option<DateTime<Utc>>,
 ) -> Result<Written, Error> {
     match write {
-        Write::Complete { id, fence } => {
-            let r = store::job_complete_many(conn, &[(*id, *fence)], now).await?;
+        Write::Complete { id, fence, output } => {
+            let outputs = [output.as_deref()];
+            let r =
+                store::job_complete_with_outputs(conn, &[(*id, *fence)], &outputs, now).await?;
             Ok(match r.first() {
                 Some(FenceResult::Applied) => Written::Applied(Some("done".to_owned())),
                 Some(FenceResult::AlreadyDone) => Written::AlreadyDone,
@@ -251,9 +255,17 @@ async fn flush(conns: &Spares, mut batch: Vec<Request>) {
         .partition(|r| matches!(r.write, Write::Complete { .. }));
     if !completes.is_empty() {
         let fences: Vec<(i64, i64)> = completes.iter().map(|r| r.write.fence()).collect();
+        let outputs: Vec<Option<&str>> = completes
+            .iter()
+            .map(|r| match &r.write {
+                Write::Complete { output, .. } => output.as_deref(),
+                _ => None,
+            })
+            .collect();
         let results = with_retry("complete", || async {
             let mut conn = conns.take().await?;
-            let results = store::job_complete_many(&mut conn, &fences, None).await?;
+            let results =
+                store::job_complete_with_outputs(&mut conn, &fences, &outputs, None).await?;
             conns.keep(conn);
             Ok(results)
         })

@@ -151,7 +151,9 @@ pub async fn run_attempt_versioned<J: Job>(
     payload: serde_json::Value,
 ) -> AttemptOutcome {
     let handler = JobHandler::of::<J>();
-    execute(&handler, ctx, (version, payload.to_string()), std::future::pending()).await
+    let recorder = ctx.clone();
+    let outcome = execute(&handler, ctx, (version, payload.to_string()), std::future::pending()).await;
+    recorded(&recorder, outcome).0
 }
 
 /// Everything one attempt in the running runtime needs besides its job.
@@ -279,21 +281,22 @@ pub(crate) async fn run_claimed(
         });
         let waited = waited.await;
         drop(done);
-        let outcome = match waited {
+        let (outcome, output) = match waited {
             Ok(s) => {
                 slot = Some(s);
                 let version = job.payload_version;
+                let recorder = ctx.clone();
                 let outcome = execute(&handler, ctx, (version, payload), stop).await;
                 env.finished
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                outcome
+                recorded(&recorder, outcome)
             }
             // Claimed ahead and never started: a shutdown or a cancel request hands it
             // back at once, as an interrupted attempt (the attempt does not count).
-            Err(outcome) => outcome,
+            Err(outcome) => (outcome, None),
         };
         tracing::Span::current().record("job.outcome", outcome.label());
-        let write = outcome_write(&handler, &job, &outcome);
+        let write = outcome_write(&handler, &job, &outcome, output);
         if let Some(write) = write {
             // Handed back by the shutdown (an operator's cancel of a job waiting for its
             // slot is handed back too, but is not the shutdown's doing).
@@ -367,16 +370,36 @@ pub(crate) fn attempt_context(
     })
 }
 
+/// The outcome with the attempt's recorded output (left readable on `ctx`): a successful attempt whose returned
+/// value could not be recorded (too large, not JSON) fails permanently with the reason.
+pub(crate) fn recorded(
+    ctx: &JobContext,
+    outcome: AttemptOutcome,
+) -> (AttemptOutcome, Option<String>) {
+    match (outcome, ctx.output_text()) {
+        (AttemptOutcome::Done, Some(Ok(text))) => (AttemptOutcome::Done, Some(text)),
+        (AttemptOutcome::Done, Some(Err((code, message)))) => (
+            AttemptOutcome::Failed(Failure {
+                class: Classification::permanent(code),
+                message,
+            }),
+            None,
+        ),
+        (outcome, _) => (outcome, None),
+    }
+}
+
 /// The write an outcome calls for; `None` for a lost lease (the job is not ours).
 pub(crate) fn outcome_write(
     handler: &JobHandler,
     job: &crate::store::ClaimedJob,
     outcome: &AttemptOutcome,
+    output: Option<String>,
 ) -> Option<super::completer::Write> {
     use super::completer::Write;
     let (id, fence) = (job.id, job.fence);
     match outcome {
-        AttemptOutcome::Done => Some(Write::Complete { id, fence }),
+        AttemptOutcome::Done => Some(Write::Complete { id, fence, output }),
         AttemptOutcome::Failed(f) => {
             let delay = f.retry_delay(&handler.retry(), u32::try_from(job.attempt).unwrap_or(1));
             match f.class.disposition {

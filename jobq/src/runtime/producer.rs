@@ -15,7 +15,8 @@ use tracing::{Instrument, warn};
 
 use super::completer::{Completer, write_one};
 use super::executor::{
-    AttemptEnv, SlotTurn, attempt_context, attempt_span, execute, outcome_write, run_claimed,
+    AttemptEnv, SlotTurn, attempt_context, attempt_span, execute, outcome_write, recorded,
+    run_claimed,
 };
 use super::lease::RunningSet;
 use super::spares::{LINGER, Spares};
@@ -321,10 +322,12 @@ async fn drain_one(
         let ctx = attempt_context(config, &job, CancellationToken::new(), Arc::new(deadline));
         let payload = std::mem::take(&mut job.payload);
         let version = job.payload_version;
+        let recorder = ctx.clone();
         let outcome = execute(&handler, ctx, (version, payload), std::future::pending()).await;
+        let (outcome, output) = recorded(&recorder, outcome);
         tracing::Span::current().record("job.outcome", outcome.label());
         let mut state = None;
-        if let Some(write) = outcome_write(&handler, &job, &outcome) {
+        if let Some(write) = outcome_write(&handler, &job, &outcome, output) {
             let mut conn = config.own.acquire().await?;
             state = match write_one(&mut conn, &write, now).await? {
                 super::completer::Written::Applied(s) => s,

@@ -347,6 +347,8 @@ pub struct JobRow {
     pub last_failed_at: Option<DateTime<Utc>>,
     /// Reached a terminal state at.
     pub finished_at: Option<DateTime<Utc>>,
+    /// What the handler's `Ok(value)` returned (recorded output), if anything.
+    pub output: Option<serde_json::Value>,
 }
 
 /// One job, every column. The payload is fetched as text and parsed here, so a row serde
@@ -356,7 +358,7 @@ pub(crate) async fn job_get(conn: &mut PgConnection, id: i64) -> Result<Option<J
         "SELECT id, kind, queue, payload::text AS payload_text, payload_version, state, priority, attempts,
                 max_attempts, run_after, locked_until, locked_by, idempotency_key,
                 last_error_code, last_error, errors, cancel_requested, created_at, started_at,
-                first_failed_at, last_failed_at, finished_at
+                first_failed_at, last_failed_at, finished_at, output
          FROM jobq.jobs WHERE id = $1",
     )
     .bind(id)

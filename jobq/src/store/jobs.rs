@@ -531,9 +531,21 @@ pub(crate) enum FenceResult {
 /// the ids it applied to and the results are matched up here; only inputs it did not
 /// apply to (rare: stale attempts, or jobs the attempt completed in its own transaction)
 /// need the second statement that tells those two apart.
+#[cfg(test)]
 pub(crate) async fn job_complete_many(
     conn: &mut PgConnection,
     fences: &[(i64, i64)],
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<FenceResult>, Error> {
+    job_complete_with_outputs(conn, fences, &[], now).await
+}
+
+/// [`job_complete_many`], writing `outputs[i]` (serialized JSON) as the output of
+/// `fences[i]` where given (`outputs` may be shorter; missing or `None` keep the column).
+pub(crate) async fn job_complete_with_outputs(
+    conn: &mut PgConnection,
+    fences: &[(i64, i64)],
+    outputs: &[Option<&str>],
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<FenceResult>, Error> {
     if fences.is_empty() {
@@ -541,12 +553,19 @@ pub(crate) async fn job_complete_many(
     }
     let ids: Vec<i64> = fences.iter().map(|f| f.0).collect();
     let gens: Vec<i64> = fences.iter().map(|f| f.1).collect();
+    // NULL when no job has an output (`unnest` pads it with NULLs).
+    let outputs: Option<Vec<Option<&str>>> = outputs.iter().any(Option::is_some).then(|| {
+        (0..fences.len())
+            .map(|i| outputs.get(i).copied().flatten())
+            .collect()
+    });
     let applied: Vec<i64> = sqlx::query_scalar(
         r#"
         UPDATE jobq.jobs j
         SET state = 'done', finished_at = coalesce($3, now()),
-            locked_until = NULL, locked_by = NULL
-        FROM unnest($1::bigint[], $2::int8[]) AS f(id, fence)
+            locked_until = NULL, locked_by = NULL,
+            output = coalesce(f.output::jsonb, j.output)
+        FROM unnest($1::bigint[], $2::int8[], $4::text[]) AS f(id, fence, output)
         WHERE j.id = f.id AND (j.state = 'running') IS TRUE AND j.lease_gen = f.fence
         RETURNING j.id
         "#,
@@ -554,6 +573,7 @@ pub(crate) async fn job_complete_many(
     .bind(&ids)
     .bind(&gens)
     .bind(now)
+    .bind(outputs)
     .fetch_all(&mut *conn)
     .await?;
     let applied: std::collections::HashSet<i64> = applied.into_iter().collect();

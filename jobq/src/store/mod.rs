@@ -270,7 +270,7 @@ pub(crate) fn bounded(name: &str) -> String {
 
 /// Whether serialized JSON holds a U+0000 character (written `\u0000`, which jsonb
 /// refuses), as opposed to an escaped backslash followed by `u0000`.
-fn has_escaped_nul(json: &str) -> bool {
+pub(crate) fn has_escaped_nul(json: &str) -> bool {
     let bytes = json.as_bytes();
     json.match_indices("\\u0000").any(|(i, _)| {
         // The escape is real when an even number of backslashes precede this one.

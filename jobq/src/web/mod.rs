@@ -132,7 +132,9 @@ impl WebConfig {
     }
 
     /// Links a job's trace id, as `template` with `{trace_id}` replaced
-    /// (`"https://tracing.example.com/trace/{trace_id}"`).
+    /// (`"https://tracing.example.com/trace/{trace_id}"`). Reserved: jobs carry no trace id
+    /// until trace capture (the planned `otel` feature) records one, so nothing is linked
+    /// yet.
     #[must_use]
     pub fn trace_url(mut self, template: impl Into<String>) -> Self {
         self.trace_url = Some(template.into());

@@ -441,6 +441,7 @@ struct JobPage {
     state: String,
     fields: Vec<(&'static str, String)>,
     payload: Option<String>,
+    output: Option<String>,
     errors: Vec<ErrorEntry>,
     audit: Vec<AuditLine>,
     can_replay: bool,
@@ -507,9 +508,16 @@ pub(super) async fn job(
     let payload = ctx
         .sees_payloads()
         .then(|| serde_json::to_string_pretty(&j.payload).unwrap_or_default());
+    // What the handler returned may be as sensitive as what it was given.
+    let output = j
+        .output
+        .as_ref()
+        .filter(|_| ctx.sees_payloads())
+        .map(|o| serde_json::to_string_pretty(o).unwrap_or_default());
     render(&JobPage {
         page: Page::new(&ctx, "jobs", format!("Job {id}"), &q),
         id,
+        output,
         state: j.state.clone(),
         can_replay: matches!(j.state.as_str(), "failed" | "cancelled"),
         can_cancel: matches!(j.state.as_str(), "pending" | "failed")
