@@ -189,7 +189,7 @@ async fn main() -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let open: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM jobq.jobs WHERE state IN ('pending', 'running')",
+            "SELECT count(*) FROM jobq.jobs WHERE state IN ('scheduled', 'pending', 'running')",
         )
         .fetch_one(&pool)
         .await?;
@@ -238,10 +238,11 @@ async fn main() -> anyhow::Result<()> {
     }
 
     println!("\nWhat is pending?");
-    let pending: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM jobq.jobs WHERE state IN ('pending', 'running')")
-            .fetch_one(&pool)
-            .await?;
+    let pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobq.jobs WHERE state IN ('scheduled', 'pending', 'running')",
+    )
+    .fetch_one(&pool)
+    .await?;
     println!("  {pending} job(s)");
     anyhow::ensure!(
         sent == 20 && failed.len() == 1 && pending == 0,

@@ -92,10 +92,12 @@ impl Harness {
     }
 
     async fn open_jobs(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM jobq.jobs WHERE state IN ('pending', 'running')")
-            .fetch_one(self.pool())
-            .await
-            .unwrap_or(-1)
+        sqlx::query_scalar(
+            "SELECT count(*) FROM jobq.jobs WHERE state IN ('scheduled', 'pending', 'running')",
+        )
+        .fetch_one(self.pool())
+        .await
+        .unwrap_or(-1)
     }
 
     async fn stop_all(&mut self) {

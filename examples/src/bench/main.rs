@@ -5,7 +5,7 @@
 //!     [--soak] [--held-snapshot] [--soak-minutes M] [--autovacuum-off]
 //! ```
 //!
-//! It creates its own database `jobq_bench` on the server of `DATABASE_URL` (default
+//! It creates its own database `jobq_bench_<pid>` (dropped at the end) on the server of `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`), and in one run measures the ceiling (the
 //! same statements as raw SQL, no framework), enqueue, drain at several concurrencies
 //! (with PostgreSQL's cost per job), start latency with and without NOTIFY, the cost of
@@ -193,7 +193,8 @@ async fn run(s: Settings) -> anyhow::Result<()> {
     // Whatever happened, the server's setting goes back.
     let restored = autovacuum.restore(&db).await;
     db.pool.close().await;
-    result.and(restored)
+    let dropped = db.drop_database().await;
+    result.and(restored).and(dropped)
 }
 
 async fn sections(s: &Settings, db: &BenchDb, started: Instant) -> anyhow::Result<()> {

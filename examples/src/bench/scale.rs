@@ -26,16 +26,17 @@ impl Autovacuum {
     /// Turns autovacuum on for the run (`ALTER SYSTEM`, reloaded), remembering what
     /// `postgresql.auto.conf` said before. The server is left as it was by [`restore`].
     pub(crate) async fn enable(db: &BenchDb, on: bool) -> anyhow::Result<Autovacuum> {
+        let mut conn = admin(db).await?;
         let before: Option<String> = sqlx::query_scalar(
             "SELECT setting FROM pg_file_settings
              WHERE name = 'autovacuum' AND sourcefile LIKE '%postgresql.auto.conf'
              ORDER BY seqno DESC LIMIT 1",
         )
-        .fetch_optional(&db.pool)
+        .fetch_optional(&mut conn)
         .await?;
         let want = if on { "on" } else { "off" };
         let current: String = sqlx::query_scalar("SELECT current_setting('autovacuum')")
-            .fetch_one(&db.pool)
+            .fetch_one(&mut conn)
             .await?;
         if current == want {
             return Ok(Autovacuum {
@@ -46,11 +47,11 @@ impl Autovacuum {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "ALTER SYSTEM SET autovacuum = {want}"
         )))
-        .execute(&db.pool)
+        .execute(&mut conn)
         .await
         .context("turning autovacuum on needs a superuser (ALTER SYSTEM)")?;
         sqlx::query("SELECT pg_reload_conf()")
-            .execute(&db.pool)
+            .execute(&mut conn)
             .await?;
         wait_setting(db, want).await?;
         eprintln!("  … autovacuum {want} for this run (was {current}); restored at the end");
@@ -60,24 +61,32 @@ impl Autovacuum {
         })
     }
 
-    /// Puts `postgresql.auto.conf` back as it was and reloads.
+    /// Puts `postgresql.auto.conf` back as it was and reloads, on a connection of its
+    /// own to the server's `postgres` database (the bench database may be gone).
     pub(crate) async fn restore(self, db: &BenchDb) -> anyhow::Result<()> {
         if !self.changed {
             return Ok(());
         }
+        let mut conn = admin(db).await?;
         let sql = match &self.before {
             None => "ALTER SYSTEM RESET autovacuum".to_owned(),
             Some(v) if v == "on" || v == "off" => format!("ALTER SYSTEM SET autovacuum = {v}"),
             Some(v) => bail!("unexpected autovacuum setting `{v}` in postgresql.auto.conf"),
         };
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&db.pool)
+            .execute(&mut conn)
             .await?;
         sqlx::query("SELECT pg_reload_conf()")
-            .execute(&db.pool)
+            .execute(&mut conn)
             .await?;
         Ok(())
     }
+}
+
+/// A connection to the server's `postgres` database, for server-wide settings.
+async fn admin(db: &BenchDb) -> anyhow::Result<sqlx::PgConnection> {
+    use sqlx::Connection;
+    Ok(sqlx::PgConnection::connect_with(&db.options.clone().database("postgres")).await?)
 }
 
 async fn wait_setting(db: &BenchDb, want: &str) -> anyhow::Result<()> {

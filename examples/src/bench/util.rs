@@ -62,11 +62,15 @@ pub(crate) struct BenchDb {
     pub(crate) pool: PgPool,
 }
 
-pub(crate) const DB_NAME: &str = "jobq_bench";
+/// The bench database's name: one per run (`jobq_bench_<pid>`), so runs by several
+/// people on one server do not drop each other's database.
+fn db_name() -> String {
+    format!("jobq_bench_{}", std::process::id())
+}
 
 impl BenchDb {
     pub(crate) async fn create() -> anyhow::Result<BenchDb> {
-        let db_url = examples::fresh_database_url(DB_NAME).await?;
+        let db_url = examples::fresh_database_url(&db_name()).await?;
         let options: PgConnectOptions = db_url.parse()?;
         let options = options.log_statements(tracing::log::LevelFilter::Off);
         let pool = PgPoolOptions::new()
@@ -79,6 +83,21 @@ impl BenchDb {
             url: db_url,
             pool,
         })
+    }
+
+    /// Drops the bench database (its pool closed first), from the server's `postgres`
+    /// database.
+    pub(crate) async fn drop_database(&self) -> anyhow::Result<()> {
+        let name = self.options.get_database().unwrap_or_default().to_owned();
+        let mut conn =
+            PgConnection::connect_with(&self.options.clone().database("postgres")).await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+        )))
+        .execute(&mut conn)
+        .await?;
+        conn.close().await?;
+        Ok(())
     }
 
     /// A pool of `max` connections to the bench database.
