@@ -14,7 +14,7 @@ use crate::error::Error;
 /// root, embedded at compile time).
 #[derive(Debug, Clone, Copy)]
 pub struct Migration {
-    /// Increasing from 1.
+    /// Increasing from 1 (numbers may be skipped).
     pub version: i64,
     /// A short name.
     pub name: &'static str,
@@ -33,6 +33,11 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 2,
         name: "operations",
         sql: include_str!("../migrations/0002_operations.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "outbox",
+        sql: include_str!("../migrations/0006_outbox.sql"),
     },
 ];
 

@@ -63,6 +63,7 @@ pub struct RuntimeBuilder {
     state: State,
     pruner: Option<PrunerConfig>,
     heartbeat: Option<WorkerHeartbeatConfig>,
+    relays: Vec<crate::outbox::Relay>,
 }
 
 impl RuntimeBuilder {
@@ -168,6 +169,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Relays the outbox to a broker with `relay` (several calls run several relays; each
+    /// aggregate is relayed by one of them at a time, here or on other nodes). A runtime
+    /// with a relay may serve no job types.
+    pub fn relay(mut self, relay: crate::outbox::Relay) -> Self {
+        self.relays.push(relay);
+        self
+    }
+
     /// Checks the configuration and collects the job types.
     ///
     /// # Errors
@@ -185,7 +194,7 @@ impl RuntimeBuilder {
         for h in self.handlers {
             registry.add(h)?;
         }
-        if registry.is_empty() {
+        if registry.is_empty() && self.relays.is_empty() {
             return Err(Error::Config(
                 "no job types registered: annotate a handler with #[jobq::job] or call .register::<J>()".into(),
             ));
@@ -241,6 +250,7 @@ impl RuntimeBuilder {
                 state: self.state,
                 pruner: self.pruner,
                 heartbeat: self.heartbeat,
+                relays: self.relays,
             }),
         })
     }
@@ -279,6 +289,7 @@ pub(crate) struct Config {
     pub(crate) state: State,
     pub(crate) pruner: Option<PrunerConfig>,
     pub(crate) heartbeat: Option<WorkerHeartbeatConfig>,
+    pub(crate) relays: Vec<crate::outbox::Relay>,
 }
 
 /// A configured runtime, not yet running.
@@ -318,6 +329,7 @@ impl Runtime {
             state: State::default(),
             pruner: Some(PrunerConfig::default()),
             heartbeat: Some(WorkerHeartbeatConfig::default()),
+            relays: Vec::new(),
         }
     }
 
@@ -406,6 +418,13 @@ impl Runtime {
                 hc,
             );
             services.push(tokio::spawn(beat.run(stop_services.clone())));
+        }
+        for relay in &config.relays {
+            services.push(tokio::spawn(
+                relay
+                    .clone()
+                    .run(config.pool.clone(), stop_services.clone()),
+            ));
         }
         Ok(RuntimeHandle {
             config,

@@ -40,6 +40,7 @@ mod admin;
 mod effects;
 mod jobs;
 mod lease;
+mod outbox;
 mod prune;
 mod stats;
 #[cfg(test)]
@@ -53,6 +54,8 @@ pub(crate) use effects::*;
 pub(crate) use jobs::*;
 pub use lease::ReapReport;
 pub(crate) use lease::*;
+pub(crate) use outbox::*;
+pub use outbox::{Aggregate, InboxOutcome, OutboxEvent, OutboxLag, StuckEvent};
 pub(crate) use prune::*;
 pub(crate) use stats::*;
 pub(crate) use wake::*;
@@ -163,7 +166,7 @@ impl NewJob {
 
 /// Whether serialized JSON holds a U+0000 character (written `\u0000`, which jsonb
 /// refuses), as opposed to an escaped backslash followed by `u0000`.
-fn has_escaped_nul(json: &str) -> bool {
+pub(crate) fn has_escaped_nul(json: &str) -> bool {
     let bytes = json.as_bytes();
     json.match_indices("\\u0000").any(|(i, _)| {
         // The escape is real when an even number of backslashes precede this one.
