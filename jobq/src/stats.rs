@@ -71,6 +71,8 @@ pub struct Stats {
     pub runtimes: Vec<RunTimeStats>,
     /// Live workers.
     pub workers: Vec<WorkerStats>,
+    /// The outbox: unpublished events per type, and publish failures by code.
+    pub outbox: crate::outbox::OutboxStats,
 }
 
 /// One queue.
@@ -381,6 +383,7 @@ pub async fn stats_with(pool: &PgPool, opts: &StatsOptions) -> Result<Stats, Err
         failures: failures.into_values().collect(),
         runtimes,
         workers,
+        outbox: crate::outbox::stats(pool).await?,
     })
 }
 

@@ -297,6 +297,28 @@ where
     Ok(ids)
 }
 
+/// The outbox in [`stats`](crate::stats::Stats): lag per event type and publish failures.
+#[derive(Debug, Clone, Default, Serialize)]
+#[non_exhaustive]
+pub struct OutboxStats {
+    /// Unpublished events per event type, oldest first.
+    pub lag: Vec<OutboxLag>,
+    /// Unpublished events whose last publish failed, by error code.
+    pub failures: Vec<(String, i64)>,
+}
+
+/// [`OutboxStats`] now.
+///
+/// # Errors
+///
+/// [`Error::Database`].
+pub async fn stats(pool: &sqlx::PgPool) -> Result<OutboxStats, Error> {
+    Ok(OutboxStats {
+        lag: lag(pool).await?,
+        failures: failure_codes(pool).await?,
+    })
+}
+
 /// Unpublished events per event type: how many, and the oldest one's age (what
 /// `jobq status` shows as outbox lag).
 ///

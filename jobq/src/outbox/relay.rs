@@ -327,6 +327,7 @@ impl Relay {
         let mut idle_failures: u32 = 0;
         let mut next_prune = Instant::now();
         let mut next_gauge = Instant::now();
+        let mut gauged: Vec<String> = Vec::new();
         loop {
             if stop.is_cancelled() {
                 return;
@@ -343,7 +344,19 @@ impl Relay {
             if now >= next_gauge {
                 next_gauge = now + Duration::from_secs(5);
                 if let Ok(lag) = store::outbox_lag(&pool).await {
+                    // Types drained since the last refresh read zero, not their last lag.
+                    let drained = gauged
+                        .iter()
+                        .filter(|t| !lag.iter().any(|l| &l.event_type == *t))
+                        .map(|t| store::OutboxLag {
+                            event_type: t.clone(),
+                            unpublished: 0,
+                            oldest_age_secs: 0.0,
+                        })
+                        .collect::<Vec<_>>();
+                    crate::metrics::outbox_lag(&drained);
                     crate::metrics::outbox_lag(&lag);
+                    gauged = lag.into_iter().map(|l| l.event_type).collect();
                 }
             }
             let wait = match self.run_once(&pool).await {
