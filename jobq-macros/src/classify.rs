@@ -356,7 +356,7 @@ fn one_key(
     }
 }
 
-fn value<'a>(
+pub(crate) fn value<'a>(
     meta: &'a ParseNestedMeta<'_>,
     example: &str,
 ) -> syn::Result<syn::parse::ParseStream<'a>> {
@@ -367,7 +367,7 @@ fn value<'a>(
     }
 }
 
-fn crate_path(meta: &ParseNestedMeta<'_>) -> syn::Result<Path> {
+pub(crate) fn crate_path(meta: &ParseNestedMeta<'_>) -> syn::Result<Path> {
     let lit: LitStr = value(meta, "crate = \"my_jobq\"")?.parse()?;
     lit.parse::<Path>().map_err(|_| {
         syn::Error::new(

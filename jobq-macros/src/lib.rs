@@ -4,7 +4,7 @@
 //!
 //! The entry points only dispatch: `attr` parses the `#[job(...)]` keys, `check`
 //! validates the handler's signature and the keys against each other, `expand` writes
-//! the code, and `classify` is the derive. Every mistake becomes a `syn::Error` at the
+//! the code, `classify` is the `Classify` derive and `event` the `Event` derive. Every mistake becomes a `syn::Error` at the
 //! user's token; nothing here panics.
 
 mod attr;
@@ -12,6 +12,7 @@ mod case;
 mod check;
 mod classify;
 mod ctxt;
+mod event;
 mod expand;
 mod grammar;
 mod respan;
@@ -35,4 +36,10 @@ pub fn upgrade(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_derive(Classify, attributes(jobq))]
 pub fn derive_classify(input: TokenStream) -> TokenStream {
     classify::derive(input.into()).into()
+}
+
+/// (Implemented in `jobq-macros`; use it as `jobq::Event`.)
+#[proc_macro_derive(Event, attributes(event))]
+pub fn derive_event(input: TokenStream) -> TokenStream {
+    event::derive(input.into()).into()
 }

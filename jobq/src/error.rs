@@ -91,6 +91,15 @@ pub enum Error {
         /// The states the action applies to.
         expected: &'static str,
     },
+    /// A message broker (the outbox's NATS or RabbitMQ) refused or failed a call, such as
+    /// acknowledging a delivery.
+    #[error("broker error ({code}): {message}")]
+    Broker {
+        /// Stable code, e.g. `nats_ack`, `amqp_ack`.
+        code: &'static str,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 impl Error {
@@ -106,6 +115,7 @@ impl Error {
             Error::Migrate { .. } => "migrate",
             Error::NotFound { .. } => "not_found",
             Error::WrongState { .. } => "wrong_state",
+            Error::Broker { code, .. } => code,
         }
     }
 

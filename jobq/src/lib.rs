@@ -62,6 +62,7 @@ pub mod metrics;
 mod migrate;
 mod notify;
 mod output;
+pub mod outbox;
 mod pooled;
 mod registry;
 mod retry;
@@ -259,8 +260,33 @@ pub use jobq_macros::upgrade;
 ///   another path.
 #[doc(inline)]
 pub use jobq_macros::Classify;
+/// Derives [`outbox::EventData`] for a struct with named fields: a typed outbox event
+/// whose type is declared once.
+///
+/// ```no_run
+/// use serde::Serialize;
+///
+/// #[derive(Serialize, jobq::Event)]
+/// #[event(type = "order_paid", aggregate = order_id, version = version)]
+/// struct OrderPaid { order_id: i64, version: i64, amount_cents: i64 }
+///
+/// # async fn f(pool: sqlx::PgPool) -> Result<(), jobq::Error> {
+/// let mut tx = pool.begin().await?;
+/// let paid = OrderPaid { order_id: 123, version: 7, amount_cents: 990 };
+/// jobq::outbox::publish(&mut tx, &paid).await?; // type "order_paid", aggregate ("order", "123", 7)
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+///
+/// Keys of `#[event(...)]`: `type = "..."` (required), `aggregate = field` (its
+/// `to_string()` is the aggregate id) with `version = field` (an integer convertible to
+/// `i64`), `aggregate_type = "..."` (default: the aggregate field's name without `_id`),
+/// and `crate = "path"`.
+#[doc(inline)]
+pub use jobq_macros::Event;
 pub use migrate::{MIGRATIONS, Migration, migrate};
 pub use output::MAX_OUTPUT_BYTES;
+pub use outbox::inbox;
 pub use pooled::{WakeUpRoute, route_wake_ups};
 pub use registry::Failure;
 // Hooks for `jobq-testing` and the macros' output, not part of the interface users hold.
@@ -291,6 +317,7 @@ pub mod __private {
         decode_as,
     };
     pub use crate::maintenance::{Missed, Schedule};
+    pub use crate::outbox::EventData;
     pub use crate::output::{OutputOf, RecordOther, RecordSerialize};
     pub use crate::registry::Registration;
     pub use crate::retry::RetryPolicy;
@@ -299,6 +326,7 @@ pub mod __private {
     pub use serde;
     pub use serde_json;
     pub use sqlx;
+    pub use std::string::String;
 
     /// What a handler's first parameter may be: the attempt's [`JobContext`], by value.
     #[diagnostic::on_unimplemented(
@@ -338,6 +366,31 @@ pub mod __private {
         fn retry_after(&self) -> Option<Duration> {
             *self
         }
+    }
+
+    /// The aggregate id of a `#[derive(Event)]`: the field's `to_string()`.
+    #[diagnostic::on_unimplemented(
+        message = "the `aggregate` field must implement `Display`, which gives the aggregate id"
+    )]
+    pub trait AggregateId {
+        /// The id as text.
+        fn aggregate_id(&self) -> String;
+    }
+
+    impl<T: std::fmt::Display + ?Sized> AggregateId for T {
+        fn aggregate_id(&self) -> String {
+            self.to_string()
+        }
+    }
+
+    /// The `aggregate` field's id.
+    pub fn event_aggregate_id<T: AggregateId + ?Sized>(field: &T) -> String {
+        field.aggregate_id()
+    }
+
+    /// The `version` field as an `i64`.
+    pub fn event_version<T: Copy + Into<i64>>(field: &T) -> i64 {
+        (*field).into()
     }
 
     /// A classification from the parts `#[derive(Classify)]` knows.

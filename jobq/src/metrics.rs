@@ -16,6 +16,10 @@
 //! | `jobq_schedule_slots_total` | counter | `schedule` | a periodic slot's job was enqueued |
 //! | `jobq_schedule_lag_seconds` | gauge | `schedule` | now − the schedule's next slot while it is due and not yet enqueued (0 otherwise), refreshed by each scheduler pass |
 //! | `jobq_schedule_paused` | gauge | `schedule` | 1 while an operator paused the schedule |
+//! | `jobq_outbox_published_total` | counter | `event_type` | the broker acknowledged an outbox event and the relay marked it published |
+//! | `jobq_outbox_publish_failures_total` | counter | `code` | a relay's publish of an event failed (it is retried with backoff) |
+//! | `jobq_outbox_lag_seconds` | gauge | `event_type` | now − `created_at` of the oldest unpublished event, refreshed by each relay every 5 s |
+//! | `jobq_outbox_unpublished` | gauge | `event_type` | unpublished events, refreshed with the lag |
 
 /// Counter: jobs inserted by enqueue.
 pub const JOBS_ENQUEUED: &str = "jobq_jobs_enqueued_total";
@@ -54,6 +58,31 @@ pub(crate) fn schedule_gauges(schedule: &str, lag_secs: f64, paused: bool) {
     } else {
         0.0
     });
+}
+
+/// Counter: outbox events published (acknowledged by the broker).
+pub const OUTBOX_PUBLISHED: &str = "jobq_outbox_published_total";
+/// Counter: failed publishes of outbox events, by code.
+pub const OUTBOX_PUBLISH_FAILURES: &str = "jobq_outbox_publish_failures_total";
+/// Gauge: age of the oldest unpublished event per event type, seconds.
+pub const OUTBOX_LAG: &str = "jobq_outbox_lag_seconds";
+/// Gauge: unpublished events per event type.
+pub const OUTBOX_UNPUBLISHED: &str = "jobq_outbox_unpublished";
+
+pub(crate) fn outbox_published(event_type: &str, n: u64) {
+    metrics::counter!(OUTBOX_PUBLISHED, "event_type" => event_type.to_owned()).increment(n);
+}
+
+pub(crate) fn outbox_failed(code: &str) {
+    metrics::counter!(OUTBOX_PUBLISH_FAILURES, "code" => code.to_owned()).increment(1);
+}
+
+pub(crate) fn outbox_lag(lag: &[crate::store::OutboxLag]) {
+    for l in lag {
+        metrics::gauge!(OUTBOX_LAG, "event_type" => l.event_type.clone()).set(l.oldest_age_secs);
+        metrics::gauge!(OUTBOX_UNPUBLISHED, "event_type" => l.event_type.clone())
+            .set(l.unpublished as f64);
+    }
 }
 
 pub(crate) fn enqueued(kind: &str, queue: &str, n: u64) {

@@ -14,7 +14,7 @@ use crate::error::Error;
 /// root, embedded at compile time).
 #[derive(Debug, Clone, Copy)]
 pub struct Migration {
-    /// Increasing from 1.
+    /// Increasing from 1 (numbers may be skipped).
     pub version: i64,
     /// A short name.
     pub name: &'static str,
@@ -48,6 +48,11 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 5,
         name: "time",
         sql: include_str!("../migrations/0005_time.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "outbox",
+        sql: include_str!("../migrations/0006_outbox.sql"),
     },
     Migration {
         version: 7,

@@ -75,6 +75,8 @@ pub struct Stats {
     pub workers: Vec<WorkerStats>,
     /// Periodic schedules: next and last slot, the last slot's job state, paused.
     pub schedules: Vec<crate::store::ScheduleRow>,
+    /// The outbox: unpublished events per type, and publish failures by code.
+    pub outbox: crate::outbox::OutboxStats,
 }
 
 /// One queue.
@@ -387,6 +389,7 @@ pub async fn stats_with(pool: &PgPool, opts: &StatsOptions) -> Result<Stats, Err
         runtimes,
         workers,
         schedules,
+        outbox: crate::outbox::stats(pool).await?,
     })
 }
 

@@ -570,3 +570,96 @@ async fn dashboard_serves_loopback_and_refuses_an_open_bind_without_credentials(
         assert!(answer.starts_with(want), "{extra:?} {auth:?}: {answer}");
     }
 }
+
+#[tokio::test]
+async fn outbox_lists_stuck_events_replays_one_and_status_shows_the_lag() {
+    let db = TestDatabase::new().await.unwrap();
+    let url = url(&db);
+    let mut tx = db.pool().begin().await.unwrap();
+    let stuck = jobq::outbox::publish(
+        &mut tx,
+        jobq::outbox::Event::new("order_paid", &1).aggregate("order", 7, 1),
+    )
+    .await
+    .unwrap();
+    let fresh = jobq::outbox::publish(&mut tx, jobq::outbox::Event::new("order_paid", &2))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    sqlx::query(
+        "UPDATE jobq.outbox SET attempts = 3, last_error_code = 'nats_stream_not_found' WHERE id = $1",
+    )
+    .bind(stuck)
+    .execute(db.pool())
+    .await
+    .unwrap();
+    sqlx::query("UPDATE jobq.outbox SET published_at = now() WHERE id = $1")
+        .bind(fresh)
+        .execute(db.pool())
+        .await
+        .unwrap();
+
+    let listed = json(&url, &["outbox"]);
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"]["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [stuck.to_string()]);
+    let table = ok(&url, &["outbox"]);
+    assert!(
+        table.contains("nats_stream_not_found") && table.contains("order:7"),
+        "{table}"
+    );
+
+    let status = json(&url, &["status"]);
+    assert_eq!(status["outbox"]["lag"][0]["event_type"], "order_paid");
+    assert_eq!(status["outbox"]["lag"][0]["unpublished"], 1);
+    assert!(ok(&url, &["status"]).contains("OUTBOX"));
+
+    // Replaying a published event sends it again, audited.
+    ok(
+        &url,
+        &[
+            "outbox",
+            "--replay",
+            &fresh.to_string(),
+            "--reason",
+            "lost downstream",
+        ],
+    );
+    let audit: (String, Option<String>, String) = sqlx::query_as(
+        "SELECT actor, reason, before_state FROM jobq.job_audit WHERE action = 'outbox_replay'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        audit,
+        (
+            "ops-test".into(),
+            Some("lost downstream".into()),
+            "published".into()
+        )
+    );
+    let unpublished: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM jobq.outbox WHERE published_at IS NULL")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(unpublished, 2);
+    let missing = err(
+        &url,
+        &[
+            "outbox",
+            "--replay",
+            &jobq::outbox::Uuid::now_v7().to_string(),
+        ],
+    );
+    assert!(
+        missing.contains("not_found") || missing.contains("no such event"),
+        "{missing}"
+    );
+    db.close().await;
+}

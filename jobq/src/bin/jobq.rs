@@ -173,6 +173,22 @@ enum Command {
     },
     /// Serve the web dashboard (loopback only unless credentials are given).
     Dashboard(dashboard::DashboardArgs),
+    /// Stuck outbox events (unpublished and old, or whose publish failed); with
+    /// `--replay ID`, send one event again (audited).
+    Outbox {
+        /// Unpublished events older than this count as stuck (e.g. 1m, 1h).
+        #[arg(long, default_value = "1m", value_parser = parse_duration)]
+        older_than: Duration,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Replay this event id: unpublished again, sent under the same id.
+        #[arg(long)]
+        replay: Option<jobq::outbox::Uuid>,
+        /// Why, for the audit log (with --replay).
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// The most recent operator actions.
     Audit {
         /// At most this many.
@@ -615,6 +631,26 @@ fn print_status(s: &Stats) {
         "{}",
         table(&["WORKER", "QUEUES", "KINDS", "LAST SEEN"], &rows)
     );
+    if !s.outbox.lag.is_empty() || !s.outbox.failures.is_empty() {
+        println!();
+        println!("OUTBOX (unpublished events)");
+        let rows: Vec<Vec<String>> = s
+            .outbox
+            .lag
+            .iter()
+            .map(|l| {
+                vec![
+                    l.event_type.clone(),
+                    l.unpublished.to_string(),
+                    human_secs(l.oldest_age_secs),
+                ]
+            })
+            .collect();
+        print!("{}", table(&["EVENT TYPE", "UNPUBLISHED", "OLDEST"], &rows));
+        for (code, n) in &s.outbox.failures {
+            println!("publish failures: {code} {n}");
+        }
+    }
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
@@ -999,6 +1035,53 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Schedules => schedules::list(&admin, json).await?,
         Command::Schedule { action } => schedules::act(&admin, action, json).await?,
         Command::Dashboard(args) => dashboard::run(pool, args).await?,
+        Command::Outbox {
+            older_than,
+            limit,
+            replay,
+            reason,
+        } => {
+            if let Some(id) = replay {
+                let actor = cli.actor.clone().unwrap_or_else(jobq::admin::default_actor);
+                jobq::outbox::replay(&pool, id, &actor, reason.as_deref()).await?;
+                if json {
+                    print_json(&serde_json::json!({"replayed": id}))?;
+                } else {
+                    println!("event {id} will be sent again");
+                }
+                return Ok(());
+            }
+            let stuck = jobq::outbox::stuck(&pool, older_than, i64::from(limit)).await?;
+            if json {
+                print_json(&stuck)?;
+            } else {
+                let rows: Vec<Vec<String>> = stuck
+                    .iter()
+                    .map(|e| {
+                        vec![
+                            e.event.id.to_string(),
+                            e.event.event_type.clone(),
+                            e.event
+                                .aggregate
+                                .as_ref()
+                                .map(|a| format!("{}:{}", a.kind, a.id))
+                                .unwrap_or_default(),
+                            e.event.attempts.to_string(),
+                            e.last_error_code.clone().unwrap_or_default(),
+                            time(Some(e.event.created_at)),
+                        ]
+                    })
+                    .collect();
+                print!(
+                    "{}",
+                    table(
+                        &["ID", "TYPE", "AGGREGATE", "ATTEMPTS", "CODE", "CREATED"],
+                        &rows
+                    )
+                );
+                println!("({} stuck events)", stuck.len());
+            }
+        }
         Command::Audit { limit } => {
             let rows = admin.audit(limit).await?;
             if json {

@@ -67,6 +67,7 @@ pub struct RuntimeBuilder {
     heartbeat: Option<WorkerHeartbeatConfig>,
     periodic: Vec<Result<Periodic, Error>>,
     scheduler: Option<SchedulerConfig>,
+    relays: Vec<crate::outbox::Relay>,
 }
 
 impl RuntimeBuilder {
@@ -196,6 +197,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Relays the outbox to a broker with `relay` (several calls run several relays; each
+    /// aggregate is relayed by one of them at a time, here or on other nodes). A runtime
+    /// with a relay may serve no job types.
+    pub fn relay(mut self, relay: crate::outbox::Relay) -> Self {
+        self.relays.push(relay);
+        self
+    }
+
     /// Checks the configuration and collects the job types.
     ///
     /// # Errors
@@ -213,7 +222,7 @@ impl RuntimeBuilder {
         for h in self.handlers {
             registry.add(h)?;
         }
-        if registry.is_empty() {
+        if registry.is_empty() && self.relays.is_empty() {
             return Err(Error::Config(
                 "no job types registered: annotate a handler with #[jobq::job] or call .register::<J>()".into(),
             ));
@@ -280,6 +289,7 @@ impl RuntimeBuilder {
                 heartbeat: self.heartbeat,
                 scheduler: self.scheduler.map(|_| scheduler.clone()),
                 schedules: scheduler,
+                relays: self.relays,
             }),
         })
     }
@@ -357,6 +367,7 @@ pub(crate) struct Config {
     pub(crate) scheduler: Option<Scheduler>,
     /// The scheduler over its schedules, run or not (for [`Runtime::scheduler`]).
     pub(crate) schedules: Scheduler,
+    pub(crate) relays: Vec<crate::outbox::Relay>,
 }
 
 /// A configured runtime, not yet running.
@@ -399,6 +410,7 @@ impl Runtime {
             heartbeat: Some(WorkerHeartbeatConfig::default()),
             periodic: Vec::new(),
             scheduler: Some(SchedulerConfig::default()),
+            relays: Vec::new(),
         }
     }
 
@@ -501,6 +513,13 @@ impl Runtime {
                 hc,
             );
             services.push(tokio::spawn(beat.run(stop_services.clone())));
+        }
+        for relay in &config.relays {
+            services.push(tokio::spawn(
+                relay
+                    .clone()
+                    .run(config.pool.clone(), stop_services.clone()),
+            ));
         }
         Ok(RuntimeHandle {
             config,

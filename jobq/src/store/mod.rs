@@ -53,6 +53,7 @@ mod browse;
 mod effects;
 mod jobs;
 mod lease;
+mod outbox;
 mod promote;
 mod prune;
 #[cfg(test)]
@@ -73,6 +74,8 @@ pub(crate) use effects::*;
 pub(crate) use jobs::*;
 pub use lease::ReapReport;
 pub(crate) use lease::*;
+pub(crate) use outbox::*;
+pub use outbox::{Aggregate, InboxOutcome, OutboxEvent, OutboxLag, StuckEvent};
 pub(crate) use promote::*;
 pub(crate) use prune::*;
 pub use schedules::ScheduleRow;

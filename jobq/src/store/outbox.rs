@@ -1,0 +1,462 @@
+//! The outbox and the inbox: inserting events in the caller's transaction, the relay's
+//! claim (one claimant per aggregate, through a transaction-scoped advisory lock) and its
+//! bookkeeping, retention, the operator's reads and replay, and the inbox's one-statement
+//! apply.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use crate::error::Error;
+
+/// The advisory-lock namespace of the relay's per-aggregate claims ("jobqoutb" in ASCII,
+/// folded to 32 bits: the two-key form of `pg_try_advisory_xact_lock`).
+const RELAY_LOCK_NS: i32 = 0x6f75_7462;
+
+/// An event ready for insertion, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct NewEvent {
+    pub(crate) id: Uuid,
+    pub(crate) event_type: String,
+    pub(crate) aggregate_type: Option<String>,
+    pub(crate) aggregate_id: Option<String>,
+    pub(crate) aggregate_version: Option<i64>,
+    /// Serialized JSON.
+    pub(crate) payload: String,
+    /// Serialized JSON object of string values.
+    pub(crate) headers: String,
+}
+
+/// Inserts `events` in one statement, on the caller's connection (and transaction).
+pub(crate) async fn outbox_insert(
+    conn: &mut PgConnection,
+    events: &[NewEvent],
+) -> Result<(), Error> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let mut ids = Vec::with_capacity(events.len());
+    let mut types = Vec::with_capacity(events.len());
+    let mut agg_types = Vec::with_capacity(events.len());
+    let mut agg_ids = Vec::with_capacity(events.len());
+    let mut versions = Vec::with_capacity(events.len());
+    let mut payloads = Vec::with_capacity(events.len());
+    let mut headers = Vec::with_capacity(events.len());
+    for e in events {
+        ids.push(e.id);
+        types.push(e.event_type.as_str());
+        agg_types.push(e.aggregate_type.as_deref());
+        agg_ids.push(e.aggregate_id.as_deref());
+        versions.push(e.aggregate_version);
+        payloads.push(e.payload.as_str());
+        headers.push(e.headers.as_str());
+    }
+    sqlx::query(
+        "INSERT INTO jobq.outbox
+             (id, event_type, aggregate_type, aggregate_id, aggregate_version, agg_key, payload, headers)
+         SELECT id, et, at, ai, av,
+                CASE WHEN at IS NULL THEN 'event:' || id::text ELSE at || ':' || ai END,
+                p::jsonb, h::jsonb
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[])
+              WITH ORDINALITY AS t(id, et, at, ai, av, p, h, n)
+         ORDER BY n",
+    )
+    .bind(&ids)
+    .bind(&types)
+    .bind(&agg_types)
+    .bind(&agg_ids)
+    .bind(&versions)
+    .bind(&payloads)
+    .bind(&headers)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// An event's aggregate: its type, id and version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Aggregate {
+    /// The aggregate's type, `order`.
+    pub kind: String,
+    /// Its id, as text.
+    pub id: String,
+    /// The version this event brings it to; events of one aggregate are relayed in
+    /// version order.
+    pub version: Option<i64>,
+}
+
+/// An outbox row as the relay hands it to a [`Sink`](crate::outbox::Sink).
+#[derive(Debug, Clone, Serialize)]
+pub struct OutboxEvent {
+    /// The event id (UUIDv7): the broker's message id, so the broker's dedupe and the
+    /// consumer's inbox recognise a re-send.
+    pub id: Uuid,
+    /// The event type, `order_paid`.
+    pub event_type: String,
+    /// The aggregate it belongs to, if any.
+    pub aggregate: Option<Aggregate>,
+    /// The payload, serialized JSON.
+    pub payload: String,
+    /// Headers given at publish time (trace context among them).
+    pub headers: BTreeMap<String, String>,
+    /// When it was written.
+    pub created_at: DateTime<Utc>,
+    /// Failed publish attempts so far.
+    pub attempts: i32,
+}
+
+fn event_from_row(r: &sqlx::postgres::PgRow) -> Result<OutboxEvent, Error> {
+    let agg_type: Option<String> = r.try_get("aggregate_type")?;
+    let agg_id: Option<String> = r.try_get("aggregate_id")?;
+    let headers: sqlx::types::Json<BTreeMap<String, String>> = r.try_get("headers")?;
+    Ok(OutboxEvent {
+        id: r.try_get("id")?,
+        event_type: r.try_get("event_type")?,
+        aggregate: match (agg_type, agg_id) {
+            (Some(kind), Some(id)) => Some(Aggregate {
+                kind,
+                id,
+                version: r.try_get("aggregate_version")?,
+            }),
+            _ => None,
+        },
+        payload: r.try_get("payload")?,
+        headers: headers.0,
+        created_at: r.try_get("created_at")?,
+        attempts: r.try_get("attempts")?,
+    })
+}
+
+/// The relay's claim, inside the relay's transaction: from the oldest `window`
+/// unpublished rows, the aggregates none of whose rows waits for a backoff, at most `batch` of them,
+/// each taken only if this transaction gets its advisory lock (another relay holding it
+/// is relaying that aggregate now); then up to `batch` of their rows, locked — the first
+/// row of every aggregate before the second of any, so one long aggregate cannot starve
+/// the others — returned in (aggregate, version, seq) order. The locks last until the transaction ends, so a relay
+/// that dies releases its aggregates with its connection.
+pub(crate) async fn outbox_claim(
+    conn: &mut PgConnection,
+    window: i64,
+    batch: i64,
+) -> Result<Vec<OutboxEvent>, Error> {
+    let rows = sqlx::query(
+        r#"
+        WITH win AS MATERIALIZED (
+            SELECT seq, agg_key, retry_at FROM jobq.outbox
+            WHERE published_at IS NULL
+            ORDER BY seq
+            LIMIT $1
+        ),
+        due AS MATERIALIZED (
+            SELECT agg_key FROM win
+            GROUP BY agg_key
+            HAVING bool_and(retry_at IS NULL OR retry_at <= now())
+            ORDER BY min(seq)
+            LIMIT $2
+        ),
+        mine AS MATERIALIZED (
+            SELECT agg_key FROM due WHERE pg_try_advisory_xact_lock($3, hashtext(agg_key))
+        ),
+        ranked AS MATERIALIZED (
+            SELECT o.id, o.agg_key,
+                   row_number() OVER (PARTITION BY o.agg_key
+                                      ORDER BY o.aggregate_version NULLS FIRST, o.seq) AS rn
+            FROM jobq.outbox o
+            WHERE o.agg_key IN (SELECT agg_key FROM mine)
+              AND o.published_at IS NULL
+              AND o.seq IN (SELECT seq FROM win)
+        ),
+        chosen AS MATERIALIZED (
+            SELECT id FROM ranked ORDER BY rn, agg_key LIMIT $2
+        )
+        SELECT o.id, o.event_type, o.aggregate_type, o.aggregate_id, o.aggregate_version,
+               o.payload::text AS payload, o.headers, o.created_at, o.attempts
+        FROM jobq.outbox o
+        WHERE o.id IN (SELECT id FROM chosen) AND o.published_at IS NULL
+        ORDER BY o.agg_key, o.aggregate_version NULLS FIRST, o.seq
+        FOR UPDATE OF o
+        "#,
+    )
+    .bind(window)
+    .bind(batch)
+    .bind(RELAY_LOCK_NS)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(event_from_row).collect()
+}
+
+/// Marks `ids` published (the broker acknowledged them). Returns how many rows changed.
+pub(crate) async fn outbox_mark_published(
+    conn: &mut PgConnection,
+    ids: &[Uuid],
+) -> Result<u64, Error> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query(
+        "UPDATE jobq.outbox SET published_at = now(), retry_at = NULL
+         WHERE id = ANY($1) AND published_at IS NULL",
+    )
+    .bind(ids)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// One failed publish: the event, the error's code and message, and the backoff.
+#[derive(Debug, Clone)]
+pub(crate) struct PublishFailure {
+    pub(crate) id: Uuid,
+    pub(crate) code: String,
+    pub(crate) message: String,
+    pub(crate) retry_in_secs: f64,
+}
+
+/// Records failed publishes: one more attempt, the error, and when to try again.
+pub(crate) async fn outbox_mark_failed(
+    conn: &mut PgConnection,
+    failures: &[PublishFailure],
+) -> Result<(), Error> {
+    if failures.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = failures.iter().map(|f| f.id).collect();
+    let codes: Vec<&str> = failures.iter().map(|f| f.code.as_str()).collect();
+    let messages: Vec<&str> = failures
+        .iter()
+        .map(|f| super::truncate_message(&f.message))
+        .collect();
+    let delays: Vec<f64> = failures.iter().map(|f| f.retry_in_secs).collect();
+    sqlx::query(
+        "UPDATE jobq.outbox o
+         SET attempts = o.attempts + 1, last_error_code = f.code, last_error = f.message,
+             retry_at = now() + make_interval(secs => f.delay)
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::float8[]) AS f(id, code, message, delay)
+         WHERE o.id = f.id AND o.published_at IS NULL",
+    )
+    .bind(&ids)
+    .bind(&codes)
+    .bind(&messages)
+    .bind(&delays)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Deletes up to `batch` rows published more than `older_than_secs` ago. Returns how
+/// many it deleted.
+pub(crate) async fn outbox_prune_batch(
+    pool: &PgPool,
+    older_than_secs: f64,
+    batch: i64,
+) -> Result<u64, Error> {
+    let deleted = sqlx::query(
+        "DELETE FROM jobq.outbox WHERE id IN (
+             SELECT id FROM jobq.outbox
+             WHERE published_at IS NOT NULL
+               AND published_at < now() - make_interval(secs => $1)
+             ORDER BY published_at
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(older_than_secs)
+    .bind(batch)
+    .execute(pool)
+    .await?;
+    Ok(deleted.rows_affected())
+}
+
+/// Unpublished events of one type: how many, and the age of the oldest.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OutboxLag {
+    /// The event type.
+    pub event_type: String,
+    /// Unpublished events of this type.
+    pub unpublished: i64,
+    /// Seconds since the oldest of them was written.
+    pub oldest_age_secs: f64,
+}
+
+/// Outbox lag per event type, largest age first.
+pub(crate) async fn outbox_lag(pool: &PgPool) -> Result<Vec<OutboxLag>, Error> {
+    let rows = sqlx::query(
+        "SELECT event_type, count(*) AS n,
+                extract(epoch FROM now() - min(created_at))::float8 AS age
+         FROM jobq.outbox WHERE published_at IS NULL
+         GROUP BY event_type ORDER BY age DESC, event_type",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(OutboxLag {
+                event_type: r.try_get("event_type")?,
+                unpublished: r.try_get("n")?,
+                oldest_age_secs: r.try_get("age")?,
+            })
+        })
+        .collect()
+}
+
+/// Unpublished events whose last publish failed, counted by error code.
+pub(crate) async fn outbox_failure_codes(pool: &PgPool) -> Result<Vec<(String, i64)>, Error> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT last_error_code, count(*) FROM jobq.outbox
+         WHERE published_at IS NULL AND last_error_code IS NOT NULL
+         GROUP BY last_error_code ORDER BY count(*) DESC, last_error_code",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// An unpublished event as the operator sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct StuckEvent {
+    /// The event.
+    pub event: OutboxEvent,
+    /// The last publish error's code.
+    pub last_error_code: Option<String>,
+    /// The last publish error's message.
+    pub last_error: Option<String>,
+    /// When the relay tries it again.
+    pub retry_at: Option<DateTime<Utc>>,
+}
+
+/// Unpublished events older than `older_than_secs` or with a failed attempt, oldest
+/// first, at most `limit`.
+pub(crate) async fn outbox_stuck(
+    pool: &PgPool,
+    older_than_secs: f64,
+    limit: i64,
+) -> Result<Vec<StuckEvent>, Error> {
+    let rows = sqlx::query(
+        "SELECT id, event_type, aggregate_type, aggregate_id, aggregate_version,
+                payload::text AS payload, headers, created_at, attempts,
+                last_error_code, last_error, retry_at
+         FROM jobq.outbox
+         WHERE published_at IS NULL
+           AND (attempts > 0 OR created_at < now() - make_interval(secs => $1))
+         ORDER BY seq LIMIT $2",
+    )
+    .bind(older_than_secs)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(StuckEvent {
+                event: event_from_row(r)?,
+                last_error_code: r.try_get("last_error_code")?,
+                last_error: r.try_get("last_error")?,
+                retry_at: r.try_get("retry_at")?,
+            })
+        })
+        .collect()
+}
+
+/// Replays event `id`: unpublished again and due now, attempts and error kept, with an
+/// audit row (`outbox_replay`) in the same statement. Returns whether the event exists.
+pub(crate) async fn outbox_replay(
+    conn: &mut PgConnection,
+    id: Uuid,
+    actor: &str,
+    reason: Option<&str>,
+) -> Result<bool, Error> {
+    let found: Option<bool> = sqlx::query_scalar(
+        "WITH upd AS (
+             UPDATE jobq.outbox o SET published_at = NULL, retry_at = NULL
+             FROM (SELECT id, published_at FROM jobq.outbox WHERE id = $1 FOR UPDATE) old
+             WHERE o.id = old.id
+             RETURNING o.id, o.event_type, old.published_at
+         ), audit AS (
+             INSERT INTO jobq.job_audit (job_id, action, actor, reason, before_state, after_state, detail)
+             SELECT NULL, 'outbox_replay', $2, $3,
+                    CASE WHEN published_at IS NULL THEN 'unpublished' ELSE 'published' END,
+                    'unpublished',
+                    jsonb_build_object('event_id', id, 'event_type', event_type)
+             FROM upd
+         )
+         SELECT true FROM upd",
+    )
+    .bind(id)
+    .bind(actor)
+    .bind(reason)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(found.is_some())
+}
+
+/// What the inbox made of a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum InboxOutcome {
+    /// First time: recorded; apply its effect in the same transaction.
+    New,
+    /// This consumer already applied this event id.
+    Duplicate,
+    /// This consumer already applied version `applied` (≥ this event's) of the aggregate.
+    Stale {
+        /// The version applied last.
+        applied: i64,
+    },
+}
+
+/// Records `(consumer, event_id)` and, with a version, raises the consumer's last applied
+/// version of the aggregate, both in one statement on the caller's transaction; an event
+/// whose version is not above the last applied one records nothing.
+pub(crate) async fn inbox_apply(
+    conn: &mut PgConnection,
+    consumer: &str,
+    event_id: Uuid,
+    aggregate: Option<(&str, &str, Option<i64>)>,
+) -> Result<InboxOutcome, Error> {
+    let (at, ai, av) = match aggregate {
+        Some((t, i, v)) => (Some(t), Some(i), v),
+        None => (None, None, None),
+    };
+    let row = sqlx::query(
+        r#"
+        WITH agg AS (
+            INSERT INTO jobq.inbox_aggregates AS a (consumer, aggregate_type, aggregate_id, version, event_id)
+            SELECT $1, $3, $4, $5, $2 WHERE $5::bigint IS NOT NULL AND $3::text IS NOT NULL
+            ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE
+                SET version = EXCLUDED.version, event_id = EXCLUDED.event_id, applied_at = now()
+                WHERE a.version < EXCLUDED.version
+            RETURNING 1
+        ),
+        ins AS (
+            INSERT INTO jobq.inbox (consumer, event_id, aggregate_type, aggregate_id, aggregate_version)
+            SELECT $1, $2, $3, $4, $5
+            WHERE $5::bigint IS NULL OR $3::text IS NULL OR EXISTS (SELECT 1 FROM agg)
+            ON CONFLICT (consumer, event_id) DO NOTHING
+            RETURNING 1
+        )
+        SELECT EXISTS (SELECT 1 FROM ins) AS new,
+               EXISTS (SELECT 1 FROM jobq.inbox WHERE consumer = $1 AND event_id = $2) AS seen,
+               (SELECT version FROM jobq.inbox_aggregates
+                WHERE consumer = $1 AND aggregate_type = $3 AND aggregate_id = $4) AS applied
+        "#,
+    )
+    .bind(consumer)
+    .bind(event_id)
+    .bind(at)
+    .bind(ai)
+    .bind(av)
+    .fetch_one(&mut *conn)
+    .await?;
+    let new: bool = row.try_get("new")?;
+    let seen: bool = row.try_get("seen")?;
+    let applied: Option<i64> = row.try_get("applied")?;
+    Ok(if new {
+        InboxOutcome::New
+    } else if seen || applied.is_none() {
+        InboxOutcome::Duplicate
+    } else {
+        InboxOutcome::Stale {
+            applied: applied.unwrap_or_default(),
+        }
+    })
+}
