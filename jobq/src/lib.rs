@@ -61,8 +61,8 @@ pub mod maintenance;
 pub mod metrics;
 mod migrate;
 mod notify;
-mod output;
 pub mod outbox;
+mod output;
 mod pooled;
 mod registry;
 mod retry;
@@ -285,8 +285,8 @@ pub use jobq_macros::Classify;
 #[doc(inline)]
 pub use jobq_macros::Event;
 pub use migrate::{MIGRATIONS, Migration, migrate};
-pub use output::MAX_OUTPUT_BYTES;
 pub use outbox::inbox;
+pub use output::MAX_OUTPUT_BYTES;
 pub use pooled::{WakeUpRoute, route_wake_ups};
 pub use registry::Failure;
 // Hooks for `jobq-testing` and the macros' output, not part of the interface users hold.
@@ -294,8 +294,8 @@ pub use registry::Failure;
 pub use registry::{JobHandler, Registration, registered_jobs};
 pub use retry::{DEFAULT_MAX_ATTEMPTS, RetryPolicy};
 pub use runtime::{
-    AttemptOutcome, DEFAULT_CONCURRENCY, DEFAULT_PREFETCH, Runtime, RuntimeBuilder,
-    RuntimeHandle, ShutdownReport,
+    AttemptOutcome, DEFAULT_CONCURRENCY, DEFAULT_PREFETCH, Runtime, RuntimeBuilder, RuntimeHandle,
+    ShutdownReport,
 };
 // Test hooks `jobq-testing` builds on (`Runtime::drain`, one attempt outside the runtime).
 #[doc(hidden)]

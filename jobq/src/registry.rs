@@ -82,7 +82,9 @@ impl<J: Job> ErasedJob for Typed<J> {
         J::RETRY
     }
     fn check(&self, payload: &str) -> Result<(), String> {
-        J::decode(J::VERSION, payload).map(drop).map_err(|e| e.message)
+        J::decode(J::VERSION, payload)
+            .map(drop)
+            .map_err(|e| e.message)
     }
     fn periodic(&self) -> Option<Result<crate::maintenance::Periodic, Error>> {
         let (schedule, args) = J::periodic()?;
@@ -179,7 +181,6 @@ impl JobHandler {
         self.inner.run(ctx, version, payload)
     }
 }
-
 
 /// A job type's entry in the binary-wide `inventory`, submitted by `#[jobq::job]`.
 #[derive(Debug)]

@@ -1146,10 +1146,16 @@ async fn jobs_claimed_ahead_wait_for_a_slot_keep_their_leases_and_are_handed_bac
 
     // The slot the cancelled job held may go to a gate not claimed yet (when the first
     // claims did not take all eight): count what the runtime holds now.
+    // The producer may still claim one more until the shutdown stops it, so the count is
+    // a floor; what was handed back is checked row by row below.
     let held_now = count_running(pool, Gate::KIND).await;
     assert!(held_now >= held - 1);
     let report = handle.shutdown().await;
-    assert_eq!(report.handed_back, held_now as usize);
+    assert!(
+        (usize::try_from(held_now)?..gates.len()).contains(&report.handed_back),
+        "handed back {} with {held_now} held just before",
+        report.handed_back
+    );
     assert_eq!(
         GATE_STARTS.load(Ordering::SeqCst),
         2,

@@ -7,10 +7,10 @@
 //! otherwise. Every action is written to `jobq.job_audit` with `--actor` (default
 //! `$USER`) and `--reason`.
 
-#[path = "jobq/schedules.rs"]
-mod schedules;
 #[path = "jobq/dashboard.rs"]
 mod dashboard;
+#[path = "jobq/schedules.rs"]
+mod schedules;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;

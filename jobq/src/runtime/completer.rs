@@ -73,8 +73,7 @@ pub(crate) async fn write_one(
     match write {
         Write::Complete { id, fence, output } => {
             let outputs = [output.as_deref()];
-            let r =
-                store::job_complete_with_outputs(conn, &[(*id, *fence)], &outputs, now).await?;
+            let r = store::job_complete_with_outputs(conn, &[(*id, *fence)], &outputs, now).await?;
             Ok(match r.first() {
                 Some(FenceResult::Applied) => Written::Applied(Some("done".to_owned())),
                 Some(FenceResult::AlreadyDone) => Written::AlreadyDone,

@@ -152,7 +152,13 @@ pub async fn run_attempt_versioned<J: Job>(
 ) -> AttemptOutcome {
     let handler = JobHandler::of::<J>();
     let recorder = ctx.clone();
-    let outcome = execute(&handler, ctx, (version, payload.to_string()), std::future::pending()).await;
+    let outcome = execute(
+        &handler,
+        ctx,
+        (version, payload.to_string()),
+        std::future::pending(),
+    )
+    .await;
     recorded(&recorder, outcome).0
 }
 

@@ -257,7 +257,11 @@ impl RuntimeBuilder {
             .unwrap_or(shortest_lease / 3)
             .max(Duration::from_millis(50));
         let worker_id = self.worker_id.unwrap_or_else(default_worker_id);
-        let own = own_pool(&self.pool, queues.len() + OWN_SERVICE_CONNECTIONS);
+        // One connection more per outbox relay: each holds one for its pass.
+        let own = own_pool(
+            &self.pool,
+            queues.len() + OWN_SERVICE_CONNECTIONS + self.relays.len(),
+        );
         let periodic = crate::maintenance::scheduler_entries(&registry, self.periodic)?;
         let scheduler = Scheduler::new(
             own.clone(),
@@ -516,9 +520,7 @@ impl Runtime {
         }
         for relay in &config.relays {
             services.push(tokio::spawn(
-                relay
-                    .clone()
-                    .run(config.pool.clone(), stop_services.clone()),
+                relay.clone().run(config.own.clone(), stop_services.clone()),
             ));
         }
         Ok(RuntimeHandle {
