@@ -8,6 +8,11 @@ async fn handler(ctx: jobq::JobContext, pool: sqlx::PgPool) -> Result<(), jobq::
     Ok(())
 }
 
+// A second `Pool` in the crate graph, so rustc names sqlx's by its full path whatever
+// else is linked (the expected message does not depend on the features enabled).
+pub struct Pool;
+
 fn main() {
     let _ = handler;
+    let _ = Pool;
 }
