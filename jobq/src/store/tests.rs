@@ -167,3 +167,26 @@ async fn reaper_leaves_a_job_completed_after_its_lease_expired() {
     drop(conn);
     db.close().await;
 }
+
+#[tokio::test]
+async fn the_fence_check_locks_the_job_row_until_its_transaction_ends() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    let id = running_job(&mut conn, 1).await;
+    let mut handler_tx = db.pool().begin().await.unwrap();
+    assert!(job_fence_check(&mut handler_tx, id, 1).await.unwrap());
+    // A rescue (the reaper's or a claim's row lock) cannot take the row meanwhile.
+    assert_eq!(lockable(&mut conn, id).await.unwrap(), None);
+    handler_tx.rollback().await.unwrap();
+    assert_eq!(lockable(&mut conn, id).await.unwrap(), Some(id));
+    drop(conn);
+    db.close().await;
+}
+
+/// The job row if no other transaction holds a lock on it.
+async fn lockable(conn: &mut sqlx::PgConnection, id: i64) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM jobq.jobs WHERE id = $1 FOR UPDATE SKIP LOCKED")
+        .bind(id)
+        .fetch_optional(conn)
+        .await
+}
