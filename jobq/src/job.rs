@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use tracing::Instrument;
 
 use crate::context::JobContext;
 use crate::error::{Classify, Error};
@@ -207,6 +208,7 @@ pub trait Job: Send + Sync + 'static {
             .into_iter()
             .map(EnqueueBuilder::into_new_job)
             .collect();
+        let (span, prepared) = crate::trace::enqueue_span(Self::KIND, prepared);
         let conn = conn.into();
         async move {
             let jobs = prepared?;
@@ -223,6 +225,7 @@ pub trait Job: Send + Sync + 'static {
             target.inserted(tx, due).await?;
             Ok(done)
         }
+        .instrument(span)
     }
 }
 
@@ -395,7 +398,9 @@ impl<J: Job> EnqueueBuilder<J> {
         conn: impl Into<Conn<'c>>,
     ) -> impl Future<Output = Result<Enqueued, Error>> + Send {
         let wake = self.wake;
-        let prepared = self.into_new_job();
+        let (span, prepared) =
+            crate::trace::enqueue_span(J::KIND, self.into_new_job().map(|job| vec![job]));
+        let prepared = prepared.map(|mut jobs| jobs.remove(0));
         let conn = conn.into();
         async move {
             let job = prepared?;
@@ -409,6 +414,7 @@ impl<J: Job> EnqueueBuilder<J> {
             target.inserted(tx, due).await?;
             Ok(e)
         }
+        .instrument(span)
     }
 
     /// Serializes and checks the job as enqueue would, without touching the database:
@@ -459,6 +465,7 @@ impl<J: Job> EnqueueBuilder<J> {
             delay_secs: delay.map(|d| d.as_secs_f64()),
             idempotency_key,
             time: self.time_opts(on_conflict, unique.as_ref())?,
+            trace_context: None,
         };
         job.validate()?;
         Ok(job)

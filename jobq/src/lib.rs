@@ -69,6 +69,7 @@ mod retry;
 mod runtime;
 pub mod stats;
 mod store;
+mod trace;
 #[cfg(feature = "web")]
 pub mod web;
 

@@ -59,6 +59,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "dashboard",
         sql: include_str!("../migrations/0007_dashboard.sql"),
     },
+    Migration {
+        version: 10,
+        name: "traces",
+        sql: include_str!("../migrations/0010_traces.sql"),
+    },
 ];
 
 /// An advisory-lock key only jobq's migrations use ("jobq" in ASCII).

@@ -34,6 +34,31 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// Starts the runtime `builder` describes (with its registrations), waits until every job
+/// of `ids` is `done` or `failed` (60 s each at most, else panics), and shuts it down.
+pub async fn run_until_finished(
+    builder: jobq::RuntimeBuilder,
+    pool: &sqlx::PgPool,
+    ids: &[jobq::JobId],
+) {
+    let rt = builder
+        .queue("default", 2)
+        .poll_interval(Duration::from_millis(50))
+        .build()
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    for id in ids {
+        let finished = eventually(Duration::from_secs(60), || async {
+            matches!(job_state(pool, *id).await.0.as_str(), "done" | "failed")
+        })
+        .await;
+        assert!(finished, "job {id} never finished");
+    }
+    rt.shutdown().await;
+}
+
 /// The state and attempts of job `id`.
 pub async fn job_state(pool: &sqlx::PgPool, id: jobq::JobId) -> (String, i32) {
     sqlx::query_as("SELECT state, attempts FROM jobq.jobs WHERE id = $1")

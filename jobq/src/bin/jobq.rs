@@ -764,6 +764,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                             .as_ref()
                             .map_or_else(|| "-".into(), ToString::to_string),
                     ),
+                    ("trace id", j.trace_id().unwrap_or_else(|| "-".into())),
                 ];
                 for (k, v) in fields {
                     println!("{k:<17} {v}");

@@ -113,9 +113,17 @@ pub(crate) struct NewJob {
     pub(crate) idempotency_key: Option<String>,
     /// Payload version, uniqueness, maximum age (`0005_time`).
     pub(crate) time: TimeOpts,
+    /// The enqueuing span's W3C trace context, as a JSON object (`0010_traces`).
+    pub(crate) trace_context: Option<String>,
 }
 
 impl NewJob {
+    /// Whether the plain inserts of `jobs.rs` can write the job: it carries none of the
+    /// options only the general insert of `unique.rs` writes.
+    pub(crate) fn is_plain(&self) -> bool {
+        self.time.is_plain() && self.trace_context.is_none()
+    }
+
     /// Whether the job is due at once (no future `run_after` or delay), so that waking
     /// its queue's producers is worth it. Scheduled jobs are found by polling.
     pub(crate) fn due_now(&self) -> bool {
