@@ -32,6 +32,8 @@ pub const MAX_KIND_LEN: usize = 200;
 pub const MAX_QUEUE_LEN: usize = 100;
 /// The longest idempotency key accepted.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 500;
+/// The shortest lease a job type may have: heartbeats cannot keep a shorter one alive.
+pub const MIN_LEASE: Duration = Duration::from_millis(300);
 
 /// A job type: its kind, arguments, error, policies and handler.
 ///

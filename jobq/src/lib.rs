@@ -77,7 +77,7 @@ pub use context::{InTransaction, JobContext};
 pub use error::{Classification, Classify, Disposition, Error, JobError};
 pub use job::{
     Conn, DecodeError, EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN,
-    MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN, Replace, Unique, UniqueState, Upgrade,
+    MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN, MIN_LEASE, Replace, Unique, UniqueState, Upgrade,
 };
 /// Declares a job from an async handler.
 ///
@@ -314,8 +314,8 @@ pub mod __private {
     pub use crate::context::JobContext;
     pub use crate::error::{Classification, Classify, Disposition, Error};
     pub use crate::job::{
-        Conn, DecodeError, EnqueueBuilder, Enqueued, Job, Replace, Unique, UniqueState, Upgrade,
-        decode_as,
+        Conn, DecodeError, EnqueueBuilder, Enqueued, Job, MAX_KIND_LEN, MAX_QUEUE_LEN, MIN_LEASE,
+        Replace, Unique, UniqueState, Upgrade, decode_as,
     };
     pub use crate::maintenance::{Missed, Schedule};
     pub use crate::outbox::EventData;

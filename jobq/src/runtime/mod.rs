@@ -247,9 +247,10 @@ impl RuntimeBuilder {
             .map(JobHandler::lease)
             .min()
             .unwrap_or(Duration::from_secs(60));
-        if shortest_lease < Duration::from_millis(300) {
+        if shortest_lease < crate::MIN_LEASE {
             return Err(Error::Config(format!(
-                "a lease of {shortest_lease:?} is too short to be kept alive by heartbeats; use at least 300ms"
+                "a lease of {shortest_lease:?} is too short to be kept alive by heartbeats; use at least {:?}",
+                crate::MIN_LEASE
             )));
         }
         let heartbeat = self
