@@ -22,6 +22,24 @@ pub use workers::{WorkerHeartbeat, WorkerHeartbeatConfig};
 
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
+/// The loop every service shares: `pass`, then a wait of `interval` spread by ±10 %,
+/// until `stop` is cancelled (checked between passes, never during one).
+pub(crate) async fn every<F, Fut>(interval: Duration, stop: CancellationToken, mut pass: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    loop {
+        pass().await;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(jittered(interval)) => {}
+        }
+    }
+}
+
 /// `interval` spread by ±10 %, so services on many nodes do not beat in step.
 pub(crate) fn jittered(interval: Duration) -> Duration {
     interval.mul_f64(0.9 + rand::random::<f64>() * 0.2)

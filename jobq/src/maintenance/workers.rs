@@ -93,15 +93,13 @@ impl WorkerHeartbeat {
 
     /// Beats every (jittered) interval until `stop`, then deletes this worker's row.
     pub async fn run(self, stop: CancellationToken) {
-        loop {
-            if let Err(e) = self.run_once().await {
+        let this = &self;
+        super::every(self.config.interval, stop, || async move {
+            if let Err(e) = this.run_once().await {
                 warn!(error = %e, "worker heartbeat failed");
             }
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(super::jittered(self.config.interval)) => {}
-            }
-        }
+        })
+        .await;
         match self.pool.acquire().await {
             Ok(mut conn) => {
                 if let Err(e) = store::worker_delete(&mut conn, &self.id).await {
