@@ -18,7 +18,9 @@ pub use pruner::{PRUNER_LOCK, PruneReport, Pruner, PrunerConfig, Retention};
 pub use reaper::{Reaper, ReaperConfig};
 pub use scheduler::{Missed, Schedule, Scheduler, SchedulerConfig, SchedulerReport};
 pub(crate) use scheduler::{Periodic, scheduler_entries, scheduler_entry};
+#[allow(deprecated)]
 pub use workers::{WorkerHeartbeat, WorkerHeartbeatConfig};
+pub use workers::{WorkerPresence, WorkerPresenceConfig};
 
 use std::time::Duration;
 
