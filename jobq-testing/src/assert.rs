@@ -28,8 +28,8 @@ pub struct EnqueuedJob<A> {
     pub queue: String,
     /// Its priority (smaller runs first).
     pub priority: i16,
-    /// Its state: `scheduled`, `pending`, `running`, `done`, `failed` or `cancelled`.
-    pub state: String,
+    /// Its state.
+    pub state: jobq::JobState,
     /// Attempts started so far.
     pub attempts: u32,
     /// Attempts it may have.

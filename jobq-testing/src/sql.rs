@@ -100,7 +100,7 @@ pub(crate) struct JobRow {
     pub(crate) id: i64,
     pub(crate) queue: String,
     pub(crate) priority: i16,
-    pub(crate) state: String,
+    pub(crate) state: jobq::JobState,
     pub(crate) attempts: i32,
     pub(crate) max_attempts: i32,
     pub(crate) run_after: DateTime<Utc>,

@@ -167,12 +167,15 @@ async fn drain_serves_only_the_registered_kinds_and_chosen_queues() -> anyhow::R
         .run()
         .await?;
     assert_eq!(drained.done(), 1);
-    let states: Vec<(i64, String)> = enqueued::<SendInvoice>(pool)
+    let states: Vec<(i64, jobq::JobState)> = enqueued::<SendInvoice>(pool)
         .await?
         .into_iter()
         .map(|j| (j.args.invoice_id, j.state))
         .collect();
-    assert_eq!(states, [(1, "done".to_owned()), (2, "pending".to_owned())]);
+    assert_eq!(
+        states,
+        [(1, jobq::JobState::Done), (2, jobq::JobState::Pending)]
+    );
     assert_eq!(
         enqueued::<Reject>(pool).await?[0].state,
         "pending",

@@ -42,6 +42,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::error::Error;
+use crate::ids::JobState;
 use crate::job::{Job, JobId, MAX_PAYLOAD_BYTES};
 use crate::registry::{JobHandler, registered_jobs};
 use crate::store::{self, Actor, TerminalFilter};
@@ -182,7 +183,7 @@ pub struct BulkReplayReport {
     /// or prune); left alone.
     pub skipped: u64,
     /// The replayed ids, ascending.
-    pub ids: Vec<i64>,
+    pub ids: Vec<JobId>,
     /// Wall time taken, in seconds.
     pub elapsed_secs: f64,
 }
@@ -648,9 +649,9 @@ impl Admin {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobQuery {
     /// This id only.
-    pub id: Option<i64>,
-    /// `pending`, `running`, `done`, `failed` or `cancelled`.
-    pub state: Option<String>,
+    pub id: Option<JobId>,
+    /// This state only.
+    pub state: Option<JobState>,
     /// This queue.
     pub queue: Option<String>,
     /// This kind.
@@ -675,8 +676,8 @@ impl JobQuery {
 
     fn store(&self) -> store::BrowseFilter<'_> {
         store::BrowseFilter {
-            id: self.id,
-            state: self.state.as_deref(),
+            id: self.id.map(|id| id.0),
+            state: self.state.map(JobState::as_str),
             queue: self.queue.as_deref(),
             kind: self.kind.as_deref(),
             code: self.code.as_deref(),

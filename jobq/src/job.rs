@@ -231,18 +231,7 @@ pub trait Job: Send + Sync + 'static {
     }
 }
 
-/// A job's id (`jobs.id`).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(transparent)]
-pub struct JobId(pub i64);
-
-impl fmt::Display for JobId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
+pub use crate::ids::JobId;
 
 /// The result of an enqueue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

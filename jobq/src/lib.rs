@@ -56,6 +56,7 @@
 pub mod admin;
 mod context;
 mod error;
+mod ids;
 mod job;
 pub mod maintenance;
 pub mod metrics;
@@ -75,6 +76,7 @@ pub mod web;
 
 pub use context::{InTransaction, JobContext};
 pub use error::{Classification, Classify, Disposition, Error, JobError};
+pub use ids::{JobState, UnknownState};
 pub use job::{
     Conn, DecodeError, EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN,
     MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN, MIN_LEASE, Replace, Unique, UniqueState, Upgrade,

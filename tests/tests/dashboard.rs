@@ -842,7 +842,7 @@ async fn keyset_pagination_at_a_million_rows_uses_the_index() -> anyhow::Result<
     let deep = JobQuery::default().before(max - 600_000);
 
     let failed = JobQuery {
-        state: Some("failed".into()),
+        state: Some(jobq::JobState::Failed),
         ..deep.clone()
     };
     let plan = admin.jobs_plan(&failed, 50).await?.join("\n");

@@ -9,6 +9,7 @@ use sqlx::{PgConnection, Row};
 
 use super::NOTIFY_CHANNEL;
 use crate::error::Error;
+use crate::ids::{JobId, JobState};
 
 /// Who acts and why, written to every audit row.
 #[derive(Debug, Clone, Copy)]
@@ -21,11 +22,11 @@ pub(crate) struct Actor<'a> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Transition {
     /// The job's id.
-    pub id: i64,
+    pub id: JobId,
     /// Its state before the action.
-    pub before: String,
+    pub before: JobState,
     /// Its state after the action (`running` for a cancel requested of a running job).
-    pub after: String,
+    pub after: JobState,
 }
 
 fn transitions(rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec<Transition>, Error> {
@@ -300,7 +301,7 @@ pub(crate) async fn queue_exists(conn: &mut PgConnection, queue: &str) -> Result
 #[non_exhaustive]
 pub struct JobRow {
     /// The id.
-    pub id: i64,
+    pub id: JobId,
     /// The kind.
     pub kind: String,
     /// The queue.
@@ -313,8 +314,8 @@ pub struct JobRow {
     pub payload_text: String,
     /// The payload's schema version.
     pub payload_version: i32,
-    /// `scheduled`, `pending`, `running`, `done`, `failed` or `cancelled`.
-    pub state: String,
+    /// Its state.
+    pub state: JobState,
     /// Smaller runs first.
     pub priority: i16,
     /// Attempts started so far.
@@ -388,7 +389,7 @@ pub struct AuditRow {
     /// The audit row's id.
     pub id: i64,
     /// The job acted on (`None` for queue actions and prune passes).
-    pub job_id: Option<i64>,
+    pub job_id: Option<JobId>,
     /// `replay`, `cancel`, `cancel_requested`, `retry_now`, `edit_payload`, `pause`,
     /// `resume` or `prune`.
     pub action: String,
@@ -453,13 +454,13 @@ pub(crate) struct TerminalFilter<'a> {
 #[non_exhaustive]
 pub struct TerminalJob {
     /// The id.
-    pub id: i64,
+    pub id: JobId,
     /// The kind.
     pub kind: String,
     /// The queue.
     pub queue: String,
     /// `failed` or `cancelled`.
-    pub state: String,
+    pub state: JobState,
     /// Attempts made.
     pub attempts: i32,
     /// The last failure's stable code.

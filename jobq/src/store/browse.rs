@@ -9,6 +9,7 @@ use sqlx::{PgConnection, Postgres, QueryBuilder};
 
 use super::AuditRow;
 use crate::error::Error;
+use crate::ids::{JobId, JobState};
 
 /// Which jobs [`job_browse`] lists. Empty fields match everything.
 #[derive(Debug, Clone, Default)]
@@ -31,13 +32,13 @@ pub(crate) struct BrowseFilter<'a> {
 #[non_exhaustive]
 pub struct JobSummary {
     /// The id.
-    pub id: i64,
+    pub id: JobId,
     /// The kind.
     pub kind: String,
     /// The queue.
     pub queue: String,
     /// Its state.
-    pub state: String,
+    pub state: JobState,
     /// Attempts started so far.
     pub attempts: i32,
     /// The attempt budget.

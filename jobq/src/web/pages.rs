@@ -60,9 +60,9 @@ pub(super) fn param<'a>(q: &'a Params, key: &str) -> Option<&'a str> {
 
 /// Reads each `(key, slot)` given in `q` with `parse`; the error names the first key
 /// whose value does not parse.
-fn parse_into<T>(
+fn parse_into<T, const N: usize>(
     q: &Params,
-    slots: [(&str, &mut Option<T>); 2],
+    slots: [(&str, &mut Option<T>); N],
     parse: impl Fn(&str) -> Option<T>,
 ) -> Result<(), Box<Response>> {
     for (key, slot) in slots {
@@ -292,10 +292,10 @@ pub(super) struct JobLine {
 impl JobLine {
     fn of(j: &crate::admin::JobSummary) -> JobLine {
         JobLine {
-            id: j.id,
+            id: j.id.0,
             kind: j.kind.clone(),
             queue: j.queue.clone(),
-            state: j.state.clone(),
+            state: j.state.to_string(),
             attempts: format!("{}/{}", j.attempts, j.max_attempts),
             code: or_dash(j.last_error_code.as_deref()),
             created_at: time(Some(j.created_at)),
@@ -342,14 +342,18 @@ pub(super) async fn jobs(
         until: param(&q, "until").unwrap_or_default().to_owned(),
     };
     let mut query_ = JobQuery {
-        state: param(&q, "state").map(str::to_owned),
         queue: param(&q, "queue").map(str::to_owned),
         kind: param(&q, "kind").map(str::to_owned),
         code: param(&q, "code").map(str::to_owned),
         ..JobQuery::default()
     };
-    let ids = [("id", &mut query_.id), ("before", &mut query_.before)];
-    if let Err(r) = parse_into(&q, ids, |v| v.parse().ok()) {
+    if let Err(r) = parse_into(&q, [("state", &mut query_.state)], |v| v.parse().ok()) {
+        return *r;
+    }
+    if let Err(r) = parse_into(&q, [("id", &mut query_.id)], |v| v.parse().ok()) {
+        return *r;
+    }
+    if let Err(r) = parse_into(&q, [("before", &mut query_.before)], |v| v.parse().ok()) {
         return *r;
     }
     let times = [("since", &mut query_.since), ("until", &mut query_.until)];
@@ -418,7 +422,7 @@ impl AuditLine {
             None => String::new(),
         };
         AuditLine {
-            job_id: a.job_id,
+            job_id: a.job_id.map(|id| id.0),
             at: time(Some(a.created_at)),
             action: a.action.clone(),
             actor: a.actor.clone(),
@@ -475,7 +479,7 @@ pub(super) async fn job(
     let fields = vec![
         ("kind", j.kind.clone()),
         ("queue", j.queue.clone()),
-        ("state", j.state.clone()),
+        ("state", j.state.to_string()),
         ("priority", j.priority.to_string()),
         ("attempts", format!("{} of {}", j.attempts, j.max_attempts)),
         ("payload version", j.payload_version.to_string()),
@@ -525,7 +529,7 @@ pub(super) async fn job(
         output,
         trace_id,
         trace_link,
-        state: j.state.clone(),
+        state: j.state.to_string(),
         can_replay: matches!(j.state.as_str(), "failed" | "cancelled"),
         can_cancel: matches!(j.state.as_str(), "pending" | "failed")
             || (j.state == "running" && !j.cancel_requested),
@@ -597,10 +601,10 @@ pub(super) async fn failed(
         recent: recent
             .iter()
             .map(|t| JobLine {
-                id: t.id,
+                id: t.id.0,
                 kind: t.kind.clone(),
                 queue: t.queue.clone(),
-                state: t.state.clone(),
+                state: t.state.to_string(),
                 attempts: t.attempts.to_string(),
                 code: or_dash(t.last_error_code.as_deref()),
                 created_at: time(Some(t.created_at)),

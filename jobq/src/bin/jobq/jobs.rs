@@ -94,7 +94,7 @@ pub(crate) async fn failed(cx: &Cx, args: FailedArgs) -> Result<(), Failure> {
                     j.id.to_string(),
                     j.queue.clone(),
                     j.kind.clone(),
-                    j.state.clone(),
+                    j.state.to_string(),
                     j.attempts.to_string(),
                     j.last_error_code.clone().unwrap_or_default(),
                     time(j.finished_at),
@@ -135,7 +135,7 @@ pub(crate) async fn show(cx: &Cx, args: ShowArgs) -> Result<(), Failure> {
             ("id", j.id.to_string()),
             ("kind", j.kind.clone()),
             ("queue", j.queue.clone()),
-            ("state", j.state.clone()),
+            ("state", j.state.to_string()),
             ("attempts", format!("{}/{}", j.attempts, j.max_attempts)),
             ("priority", j.priority.to_string()),
             (
