@@ -9,6 +9,8 @@
 
 #[path = "jobq/dashboard.rs"]
 mod dashboard;
+#[path = "jobq/ordering.rs"]
+mod ordering;
 #[path = "jobq/schedules.rs"]
 mod schedules;
 
@@ -186,6 +188,22 @@ enum Command {
         #[arg(long)]
         replay: Option<jobq::outbox::Uuid>,
         /// Why, for the audit log (with --replay).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Let the jobs parked behind the failed jobs of an ordering key proceed: with
+    /// --skip-failed those failed jobs stay `failed` but stop blocking the key (audited).
+    Unpark {
+        /// The ordering key.
+        key: String,
+        /// Skip the key's failed jobs (required: the only way to unpark without a replay
+        /// or a cancel).
+        #[arg(long)]
+        skip_failed: bool,
+        /// The key's scope (its kind, or the `ordering_scope` name); default: every scope.
+        #[arg(long)]
+        scope: Option<String>,
+        /// Why, for the audit log.
         #[arg(long)]
         reason: Option<String>,
     },
@@ -631,6 +649,7 @@ fn print_status(s: &Stats) {
         "{}",
         table(&["WORKER", "QUEUES", "KINDS", "LAST SEEN"], &rows)
     );
+    ordering::print_parked(&s.parked_keys);
     if !s.outbox.lag.is_empty() || !s.outbox.failures.is_empty() {
         println!();
         println!("OUTBOX (unpublished events)");
@@ -768,6 +787,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 for (k, v) in fields {
                     println!("{k:<17} {v}");
                 }
+                ordering::print_show(j);
                 println!();
                 println!("ERRORS");
                 let rows: Vec<Vec<String>> = j
@@ -1031,6 +1051,22 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     r.batches
                 );
             }
+        }
+        Command::Unpark {
+            key,
+            skip_failed,
+            scope,
+            reason,
+        } => {
+            ordering::unpark(
+                &admin,
+                &key,
+                skip_failed,
+                scope.as_deref(),
+                reason.as_deref(),
+                json,
+            )
+            .await?;
         }
         Command::Schedules => schedules::list(&admin, json).await?,
         Command::Schedule { action } => schedules::act(&admin, action, json).await?,
