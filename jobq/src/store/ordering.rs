@@ -7,7 +7,8 @@
 //! `blocked_by` names the nearest member below it (NULL for the lowest, the head), and the
 //! claim takes only `blocked_by IS NULL` rows. Every write that changes a chain takes the
 //! key's advisory lock in a statement of its own first, so the statement after it sees
-//! every enqueue of the key that committed before the lock was granted.
+//! every enqueue of the key that committed before the lock was granted. Enqueues wait for
+//! their keys' locks (in one order); settles only try them, so neither can deadlock.
 
 use std::collections::HashMap;
 
@@ -90,22 +91,39 @@ pub(crate) async fn ordering_lock(
     Ok(())
 }
 
-/// Takes the advisory locks of the keys of jobs `ids` (unordered ones have none), as
-/// [`ordering_lock`] orders them.
-async fn ordering_lock_of(conn: &mut PgConnection, ids: &[i64]) -> Result<(), Error> {
-    sqlx::query(
+/// Tries to take the advisory locks of the keys of jobs `ids` (unordered ones have
+/// none) without waiting; returns the keys' lock halves (`hashtext`) it could not take.
+async fn ordering_try_lock_of(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i32>, Error> {
+    Ok(sqlx::query_scalar(
         r#"
-        SELECT count(pg_advisory_xact_lock($2, h))
-        FROM (SELECT DISTINCT hashtext(ordering_scope || chr(31) || ordering_key) AS h
-              FROM jobq.jobs WHERE id = ANY($1) AND ordering_key IS NOT NULL ORDER BY h) x
+        SELECT h FROM (SELECT DISTINCT hashtext(ordering_scope || chr(31) || ordering_key) AS h
+                       FROM jobq.jobs WHERE id = ANY($1) AND ordering_key IS NOT NULL) x
+        WHERE NOT pg_try_advisory_xact_lock($2, h)
         "#,
     )
     .bind(ids)
     .bind(LOCK_CLASS)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+    .fetch_all(&mut *conn)
+    .await?)
 }
+
+/// Tries again to take the key locks `hashes` without waiting; returns those it could not.
+async fn ordering_try_lock_again(
+    conn: &mut PgConnection,
+    hashes: &[i32],
+) -> Result<Vec<i32>, Error> {
+    Ok(sqlx::query_scalar(
+        "SELECT h FROM unnest($1::int4[]) AS h WHERE NOT pg_try_advisory_xact_lock($2, h)",
+    )
+    .bind(hashes)
+    .bind(LOCK_CLASS)
+    .fetch_all(&mut *conn)
+    .await?)
+}
+
+/// How long a settle waits for the locks of keys an open enqueue holds before it leaves
+/// them to the sweeper: a completion never stalls behind a long transaction.
+const SETTLE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Writes the ordering key of new jobs `ids` and chains each behind its predecessor:
 /// `prevs[i]` (the job of the same key before it in the same enqueue) or else the key's
@@ -176,17 +194,42 @@ pub(crate) async fn job_insert_ordered(
 }
 
 /// Settles the keys of jobs `ids` after they changed state (finished, cancelled,
-/// replayed, skipped): under the keys' locks, each live job among `ids` and each one
+/// replayed, skipped): under the keys' locks (taken without waiting, retried for up to
+/// [`SETTLE_PATIENCE`]; a key still held by an open enqueue then is left to the sweeper), each live job among `ids` and each one
 /// waiting behind one of them gets its nearest chain member below as its new
 /// `blocked_by`, and the queues of jobs that became claimable are woken. Safe to call
 /// for any ids, any number of times; unordered ids cost one lock statement that locks
 /// nothing. Returns how many jobs became claimable (or due to, when scheduled).
 pub(crate) async fn ordering_settle(conn: &mut PgConnection, ids: &[i64]) -> Result<u64, Error> {
+    ordering_settle_within(conn, ids, SETTLE_PATIENCE).await
+}
+
+/// [`ordering_settle`], waiting up to `patience` for held keys.
+pub(crate) async fn ordering_settle_within(
+    conn: &mut PgConnection,
+    ids: &[i64],
+    patience: std::time::Duration,
+) -> Result<u64, Error> {
     if ids.is_empty() {
         return Ok(0);
     }
     let mut tx = conn.begin().await?;
-    ordering_lock_of(&mut tx, ids).await?;
+    // Never waiting for a lock while holding others: no deadlock with an enqueue that
+    // holds several keys, and no completion stuck behind a long transaction.
+    let mut missing = ordering_try_lock_of(&mut tx, ids).await?;
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(2);
+    while !missing.is_empty() && started.elapsed() < patience {
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(50));
+        missing = ordering_try_lock_again(&mut tx, &missing).await?;
+    }
+    if !missing.is_empty() {
+        tracing::debug!(
+            keys = missing.len(),
+            "ordering keys held by open transactions; the sweeper settles them"
+        );
+    }
     let released: i64 = sqlx::query_scalar(concat!(
         r#"
         WITH moved AS (
@@ -194,6 +237,7 @@ pub(crate) async fn ordering_settle(conn: &mut PgConnection, ids: &[i64]) -> Res
         below_sql!(),
         r#"
             WHERE (s.blocked_by = ANY($1) OR s.id = ANY($1)) AND s.ordering_key IS NOT NULL
+              AND NOT hashtext(s.ordering_scope || chr(31) || s.ordering_key) = ANY($3)
               AND "#,
         member_sql!("s"),
         r#"
@@ -211,6 +255,7 @@ pub(crate) async fn ordering_settle(conn: &mut PgConnection, ids: &[i64]) -> Res
     ))
     .bind(ids)
     .bind(NOTIFY_CHANNEL)
+    .bind(&missing)
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;

@@ -330,8 +330,9 @@ async fn an_invalid_key_is_refused_with_a_code() {
 }
 
 /// The race the key lock closes: an enqueue whose transaction saw the head running (and
-/// chained behind it) commits only after the head completed. The completion's release
-/// waits for the enqueue's transaction, then sees its job.
+/// chained behind it) commits only after the head completed. The completion's settle
+/// cannot take the key's lock while the enqueue is open; it tries again until the
+/// enqueue has committed, then sees its job.
 #[tokio::test]
 async fn an_enqueue_still_open_when_the_head_completes_is_released() {
     let db = jobq_testing::TestDatabase::new().await.unwrap();
@@ -343,48 +344,69 @@ async fn an_enqueue_still_open_when_the_head_completes_is_released() {
     let mut enq = db.pool().acquire().await.unwrap();
     let mut tx = sqlx::Connection::begin(&mut *enq).await.unwrap();
     let a2 = enqueue(&mut tx, job("k", None, Some("A"))).await;
-
-    let mut completer = db.pool().acquire().await.unwrap();
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *completer)
+    // The head's completion commits (the completer's first statement)...
+    sqlx::query("UPDATE jobq.jobs SET state = 'done', finished_at = now(), locked_until = NULL WHERE id = $1")
+        .bind(a1)
+        .execute(&mut *conn)
         .await
         .unwrap();
-    let completing = tokio::spawn(async move {
-        let r = job_complete_many(&mut completer, &[head[0]], None)
+    // ... and its settle starts while the enqueue is still open.
+    let mut settler = db.pool().acquire().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *settler)
+        .await
+        .unwrap();
+    let settling = tokio::spawn(async move {
+        ordering_settle_within(&mut settler, &[a1], std::time::Duration::from_secs(600))
             .await
-            .unwrap();
-        assert_eq!(r, vec![FenceResult::Applied]);
+            .unwrap()
     });
-    // Wait until the completion's release is blocked on the key's lock, held by the
-    // enqueue's open transaction.
+    // Its first try at the key's lock has failed once it sits in its transaction.
     loop {
-        let waiting: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND NOT granted)",
+        let trying: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1
+                 AND state = 'idle in transaction' AND query LIKE '%pg_try_advisory_xact_lock%')",
         )
         .bind(pid)
         .fetch_one(&mut *conn)
         .await
         .unwrap();
-        if waiting {
+        if trying {
             break;
         }
         assert!(
-            !completing.is_finished(),
-            "the release did not wait for the enqueue's open transaction"
+            !settling.is_finished(),
+            "the settle did not wait for the enqueue's open transaction"
         );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    let state: String = sqlx::query_scalar("SELECT state FROM jobq.jobs WHERE id = $1")
-        .bind(a1)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
-    assert_eq!(
-        state, "done",
-        "the head's completion committed before its release"
-    );
+    assert!(!settling.is_finished());
     tx.commit().await.unwrap();
-    completing.await.unwrap();
+    assert_eq!(
+        settling.await.unwrap(),
+        1,
+        "the settle saw the committed enqueue"
+    );
+    assert_eq!(ids(&claim(&mut conn, &["k"]).await), vec![a2]);
+}
+
+/// A completion never waits long for a key an open transaction holds: past its
+/// patience it leaves the key to the sweeper.
+#[tokio::test]
+async fn a_completion_leaves_a_key_held_by_a_long_transaction_to_the_sweeper() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    enqueue(&mut conn, job("k", None, Some("A"))).await;
+    let head = claim(&mut conn, &["k"]).await;
+    let mut enq = db.pool().acquire().await.unwrap();
+    let mut tx = sqlx::Connection::begin(&mut *enq).await.unwrap();
+    let a2 = enqueue(&mut tx, job("k", None, Some("A"))).await;
+    // Returns (after its patience) although the enqueue is still open.
+    done(&mut conn, head[0]).await;
+    tx.commit().await.unwrap();
+    assert!(claim(&mut conn, &["k"]).await.is_empty());
+    let r = crate::flow::ordering::sweep(db.pool(), 10).await.unwrap();
+    assert_eq!(r.released, 1);
     assert_eq!(ids(&claim(&mut conn, &["k"]).await), vec![a2]);
 }
 
