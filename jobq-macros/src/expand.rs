@@ -321,12 +321,12 @@ fn policy(p: &TokenStream, policy: &Policy) -> TokenStream {
 /// span: a field that does not exist, or is not `Display`, is reported at their token.
 fn field_key_fn(p: &TokenStream, name: &str, field: &syn::Ident) -> TokenStream {
     let name = syn::Ident::new(name, Span::call_site());
-    let access = quote_spanned!(field.span()=> (*args).#field);
+    let key = quote_spanned!(field.span()=> ::std::string::ToString::to_string(&(*args).#field));
     quote! {
         fn #name(
             args: &<Self as #p::Job>::Args,
         ) -> ::core::option::Option<::std::string::String> {
-            ::core::option::Option::Some(::std::string::ToString::to_string(&#access))
+            ::core::option::Option::Some(#key)
         }
     }
 }

@@ -280,3 +280,81 @@ async fn four_workers_and_twenty_kills_keep_every_key_in_order_and_poison_parks(
     assert!(jobq::stats::stats(pool).await?.parked_keys.is_empty());
     Ok(())
 }
+
+/// Steps a `recorded_step` job ran, in order (this test process runs them, by drain).
+static RAN: std::sync::Mutex<Vec<(String, i64)>> = std::sync::Mutex::new(Vec::new());
+
+#[jobq::job(kind = "recorded_step", ordering = key, ordering_scope = "recorded", retry = "none")]
+async fn recorded_step(args: StepArgs) -> Result<(), JobError> {
+    if args.seq < 0 {
+        return Err(JobError::permanent("poison", "negative step"));
+    }
+    RAN.lock().unwrap().push((args.key, args.seq));
+    Ok(())
+}
+
+/// The same scope from a second kind: one line with `recorded_step`'s jobs.
+#[jobq::job(kind = "recorded_other", ordering = key, ordering_scope = "recorded")]
+async fn recorded_other(args: StepArgs) -> Result<(), JobError> {
+    RAN.lock()
+        .unwrap()
+        .push((format!("other:{}", args.key), args.seq));
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_builder_sets_the_key_a_scope_spans_kinds_and_a_test_drain_keeps_the_order()
+-> anyhow::Result<()> {
+    use jobq::Job;
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let step = |key: &str, seq| StepArgs {
+        key: key.into(),
+        seq,
+    };
+    let mut tx = pool.begin().await?;
+    // The builder's key overrides the field's.
+    let a = RecordedStep::with(step("ignored", 1))
+        .ordering_key("a")
+        .enqueue(&mut *tx)
+        .await?;
+    RecordedOther::enqueue(&mut *tx, step("a", 2)).await?;
+    RecordedStep::enqueue_many_with(
+        &mut *tx,
+        [
+            RecordedStep::with(step("a", 3)),
+            RecordedStep::with(step("b", 1)),
+        ],
+    )
+    .await?;
+    tx.commit().await?;
+    let (scope, key): (String, String) =
+        sqlx::query_as("SELECT ordering_scope, ordering_key FROM jobq.jobs WHERE id = $1")
+            .bind(a.id.0)
+            .fetch_one(pool)
+            .await?;
+    assert_eq!((scope.as_str(), key.as_str()), ("recorded", "a"));
+
+    let report = db.drain().run().await?;
+    assert_eq!(report.done(), 4);
+    let ran = RAN.lock().unwrap().clone();
+    let of_a: Vec<&(String, i64)> = ran.iter().filter(|r| r.0 != "b").collect();
+    assert_eq!(
+        of_a,
+        vec![
+            &("ignored".to_owned(), 1),
+            &("other:a".to_owned(), 2),
+            &("a".to_owned(), 3)
+        ],
+        "{ran:?}"
+    );
+
+    // A poisoned step parks its key in a drain too: the drain ends, the rest waits.
+    RecordedStep::enqueue(pool, step("c", -1)).await?;
+    let parked = RecordedStep::enqueue(pool, step("c", 2)).await?;
+    let report = db.drain().run().await?;
+    assert_eq!((report.done(), report.failed()), (0, 1));
+    assert_eq!(tests::job_state(pool, parked.id).await.0, "pending");
+    db.close().await;
+    Ok(())
+}
