@@ -561,14 +561,29 @@ pub(crate) async fn job_complete_many(
 
 /// [`job_complete_many`], writing `outputs[i]` (serialized JSON) as the output of
 /// `fences[i]` where given (`outputs` may be shorter; missing or `None` keep the column).
+/// Then settles the ordering keys of the completed jobs that have one.
 pub(crate) async fn job_complete_with_outputs(
     conn: &mut PgConnection,
     fences: &[(i64, i64)],
     outputs: &[Option<&str>],
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<FenceResult>, Error> {
+    let (results, ordered) = job_complete_unsettled(conn, fences, outputs, now).await?;
+    super::ordering_settle(conn, &ordered).await?;
+    Ok(results)
+}
+
+/// [`job_complete_with_outputs`] without the settle: also returns the completed jobs
+/// that have an ordering key, which the caller must settle
+/// ([`ordering_settle`](super::ordering_settle); the sweeper does if it cannot).
+pub(crate) async fn job_complete_unsettled(
+    conn: &mut PgConnection,
+    fences: &[(i64, i64)],
+    outputs: &[Option<&str>],
+    now: Option<DateTime<Utc>>,
+) -> Result<(Vec<FenceResult>, Vec<i64>), Error> {
     if fences.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let ids: Vec<i64> = fences.iter().map(|f| f.0).collect();
     let gens: Vec<i64> = fences.iter().map(|f| f.1).collect();
@@ -596,7 +611,7 @@ pub(crate) async fn job_complete_with_outputs(
     .fetch_all(&mut *conn)
     .await?;
     // Done jobs with an ordering key: the next job of each key is released after this
-    // statement (its own short transaction, under the key's lock).
+    // statement (its own short transaction, under the key's lock), by the caller.
     let mut ordered: Vec<i64> = applied.iter().filter(|a| a.1).map(|a| a.0).collect();
     let applied: std::collections::HashSet<i64> = applied.into_iter().map(|a| a.0).collect();
     let mut results: Vec<FenceResult> = fences
@@ -615,8 +630,7 @@ pub(crate) async fn job_complete_with_outputs(
         .copied()
         .collect();
     if missed.is_empty() {
-        super::ordering_settle(conn, &ordered).await?;
-        return Ok(results);
+        return Ok((results, ordered));
     }
     // Not applied: completed by the attempt itself (`complete_in_tx`), or stale. An
     // attempt's own completion cannot be undone and generations only grow, so a later
@@ -642,8 +656,7 @@ pub(crate) async fn job_complete_with_outputs(
             *r = FenceResult::AlreadyDone;
         }
     }
-    super::ordering_settle(conn, &ordered).await?;
-    Ok(results)
+    Ok((results, ordered))
 }
 
 /// One failed attempt to record.
