@@ -14,7 +14,7 @@ use crate::time::{self, TimeAttr};
 /// Every key `#[job]` accepts, for the "unknown key" message.
 const KEYS: &str = "`kind`, `name`, `retry`, `idempotency`, `queue`, `priority`, `lease`, \
                     `timeout`, `cron`, `tz`, `every`, `missed`, `unique`, `debounce`, \
-                    `max_age`, `version`, `crate`";
+                    `max_age`, `version`, `ordering`, `ordering_scope`, `crate`";
 
 /// The longest kind and queue names the runtime accepts, and its shortest lease, checked
 /// here for errors that point at the token. They are jobq's `MAX_KIND_LEN`,
@@ -41,6 +41,10 @@ pub(crate) struct JobAttr {
     pub(crate) priority: Option<Spanned<i16>>,
     pub(crate) lease: Option<Spanned<Millis>>,
     pub(crate) timeout: Option<Spanned<Millis>>,
+    /// `ordering = field`: the args field whose `to_string()` is the ordering key.
+    pub(crate) ordering: Option<Ident>,
+    /// `ordering_scope = "billing"`: the key's scope, shared by every kind naming it.
+    pub(crate) ordering_scope: Option<LitStr>,
     pub(crate) krate: Option<Path>,
     /// `cron`, `tz`, `every`, `missed`, `unique`, `debounce`, `max_age`, `version`.
     pub(crate) time: TimeAttr,
@@ -88,6 +92,11 @@ pub(crate) fn parse(args: TokenStream, errors: &mut Errors) -> JobAttr {
                     Ok(())
                 }
             }),
+            Some("ordering") => {
+                ident(&meta, "ordering", "ordering = account_id").map(|v| out.ordering = Some(v))
+            }
+            Some("ordering_scope") => name_lit(&meta, "ordering_scope", MAX_KIND_LEN)
+                .map(|v| out.ordering_scope = Some(v)),
             Some("crate") => crate_path(&meta).map(|v| out.krate = Some(v)),
             Some("cron") => time::parse_cron(&meta).map(|v| out.time.cron = Some(v)),
             Some("tz") => time::parse_tz(&meta).map(|v| out.time.tz = Some(v)),
@@ -152,6 +161,8 @@ fn lit_str(meta: &ParseNestedMeta<'_>, key: &str, example: &str) -> syn::Result<
 fn name_lit(meta: &ParseNestedMeta<'_>, key: &str, max: usize) -> syn::Result<LitStr> {
     let example = if key == "queue" {
         "queue = \"mail\"".to_owned()
+    } else if key == "ordering_scope" {
+        "ordering_scope = \"billing\"".to_owned()
     } else {
         format!("{key} = \"send_invoice\"")
     };
@@ -175,7 +186,7 @@ fn name_lit(meta: &ParseNestedMeta<'_>, key: &str, max: usize) -> syn::Result<Li
 fn ident(meta: &ParseNestedMeta<'_>, key: &str, example: &str) -> syn::Result<Ident> {
     let input = equals(meta, example)?;
     input.parse::<Ident>().map_err(|e| {
-        let what = if key == "idempotency" {
+        let what = if key == "idempotency" || key == "ordering" {
             "a field of the args type"
         } else {
             "an identifier"

@@ -105,17 +105,19 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
         )
     });
     let time = crate::time::expand(&attr.time, &p, args_ty);
-    let idempotency = attr.idempotency.as_ref().map(|field| {
-        // `args.<field>` carries the user's span: a field that does not exist is reported
-        // at their token as "no field `x` on type `Args`".
-        let access = quote_spanned!(field.span()=> (*args).#field);
-        quote! {
-            fn idempotency_key(
-                args: &<Self as #p::Job>::Args,
-            ) -> ::core::option::Option<::std::string::String> {
-                ::core::option::Option::Some(::std::string::ToString::to_string(&#access))
-            }
-        }
+    let idempotency = attr
+        .idempotency
+        .as_ref()
+        .map(|field| field_key_fn(&p, "idempotency_key", field));
+    let ordering = attr
+        .ordering
+        .as_ref()
+        .map(|field| field_key_fn(&p, "ordering_key", field));
+    let ordering_scope = attr.ordering_scope.as_ref().map(|scope| {
+        quote_spanned!(scope.span()=>
+            const ORDERING_SCOPE: ::core::option::Option<&'static str> =
+                ::core::option::Option::Some(#scope);
+        )
     });
 
     // The call of the user's function. The signature of `run` carries the span of the
@@ -219,6 +221,8 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
             type Error = #err_ty;
 
             #idempotency
+            #ordering
+            #ordering_scope
             #time
 
             fn run(#ctx_param: #p::JobContext, args: <Self as #p::Job>::Args) -> #run_ret {
@@ -321,5 +325,20 @@ fn policy(p: &TokenStream, policy: &Policy) -> TokenStream {
             quote!(#p::RetryPolicy::fixed(#d) #max)
         }
         Policy::None => quote!(#p::RetryPolicy::none()),
+    }
+}
+
+/// `fn <name>(args) -> Option<String>` returning `args.<field>.to_string()`, for the keys
+/// taken from a field (`idempotency`, `ordering`). `args.<field>` carries the user's
+/// span: a field that does not exist, or is not `Display`, is reported at their token.
+fn field_key_fn(p: &TokenStream, name: &str, field: &syn::Ident) -> TokenStream {
+    let name = syn::Ident::new(name, Span::call_site());
+    let key = quote_spanned!(field.span()=> ::std::string::ToString::to_string(&(*args).#field));
+    quote! {
+        fn #name(
+            args: &<Self as #p::Job>::Args,
+        ) -> ::core::option::Option<::std::string::String> {
+            ::core::option::Option::Some(#key)
+        }
     }
 }

@@ -25,6 +25,13 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Ordered jobs
+//!
+//! A failed job with an ordering key parks the jobs of its key behind it. Replaying it
+//! runs it again first (the rest wait for it); cancelling it lets the rest proceed;
+//! [`Admin::unpark`] keeps it `failed` and lets the rest proceed. Cancelling a waiting
+//! job releases the one behind it.
+//!
 //! # Replay semantics
 //!
 //! A replayed job goes back to `pending`, due now, keeping its id, idempotency key, error
@@ -48,7 +55,8 @@ use crate::registry::{JobHandler, registered_jobs};
 use crate::store::{self, Actor, TerminalFilter};
 
 pub use crate::store::{
-    AuditRow, FailedGroup, JobRow, JobSummary, ScheduleRow, TerminalJob, Transition,
+    AuditRow, FailedGroup, JobRow, JobSummary, ParkedKey, ScheduleRow, TerminalJob, Transition,
+    Unparked,
 };
 
 /// Operator actions over one pool, by one actor.
@@ -290,6 +298,10 @@ impl Admin {
     pub async fn replay(&self, id: JobId, reason: Option<&str>) -> Result<Transition, Error> {
         let mut conn = self.pool.acquire().await?;
         let mut t = store::job_replay_many(&mut conn, &[id.0], self.who(reason)).await?;
+        if !t.is_empty() {
+            // A replayed job rejoins its key's chain; the jobs behind it keep waiting.
+            store::ordering_settle(&mut conn, &[id.0]).await?;
+        }
         drop(conn);
         match t.pop() {
             Some(t) => Ok(t),
@@ -349,6 +361,8 @@ impl Admin {
             let ids = store::job_ids_terminal(&mut conn, &f, after, take).await?;
             let Some(&last) = ids.last() else { break };
             let done = store::job_replay_many(&mut conn, &ids, self.who(reason)).await?;
+            let replayed: Vec<i64> = done.iter().map(|t| t.id.0).collect();
+            store::ordering_settle(&mut conn, &replayed).await?;
             drop(conn);
             after = last;
             seen += ids.len() as u64;
@@ -376,6 +390,10 @@ impl Admin {
     pub async fn cancel(&self, id: JobId, reason: Option<&str>) -> Result<Transition, Error> {
         let mut conn = self.pool.acquire().await?;
         let t = store::job_cancel(&mut conn, id.0, self.who(reason)).await?;
+        if t.as_ref().is_some_and(|t| t.after == "cancelled") {
+            // The next job of its ordering key (if it has one) may run now.
+            store::ordering_settle(&mut conn, &[id.0]).await?;
+        }
         drop(conn);
         match t {
             Some(t) => Ok(t),
@@ -488,6 +506,46 @@ impl Admin {
             was_paused,
             paused,
         })
+    }
+
+    /// Lets the jobs parked behind the failed jobs of ordering key `key` proceed
+    /// (`jobq unpark KEY --skip-failed`): those failed jobs stay `failed`, keep their
+    /// history and can still be replayed, but no longer block the key; each gets an
+    /// `unpark` audit row with this actor and `reason`. `scope` names the key's scope (a
+    /// kind, or an `ordering_scope`); `None` unparks the key in every scope.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] when the key has no failed job that blocks it,
+    /// [`Error::Database`].
+    pub async fn unpark(
+        &self,
+        key: &str,
+        scope: Option<&str>,
+        reason: Option<&str>,
+    ) -> Result<Unparked, Error> {
+        let mut conn = self.pool.acquire().await?;
+        let done = store::ordering_unpark(&mut conn, scope, key, self.who(reason)).await?;
+        if done.skipped.is_empty() {
+            return Err(Error::NotFound {
+                what: "parked ordering key",
+                name: match scope {
+                    Some(scope) => format!("{scope}/{key}"),
+                    None => key.to_owned(),
+                },
+            });
+        }
+        Ok(done)
+    }
+
+    /// Ordering keys parked behind a failed job, oldest blocker first, at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`].
+    pub async fn parked(&self, limit: u32) -> Result<Vec<ParkedKey>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        store::ordering_parked_keys(&mut conn, i64::from(limit)).await
     }
 
     /// One job, every column, with its audit trail.

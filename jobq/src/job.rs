@@ -113,6 +113,19 @@ pub trait Job: Send + Sync + 'static {
         None
     }
 
+    /// The ordering scope: jobs of every kind with the same scope and ordering key run
+    /// one at a time, in enqueue order (`#[job(ordering_scope = "billing")]`); `None`
+    /// scopes the key by this kind.
+    const ORDERING_SCOPE: Option<&'static str> = None;
+
+    /// The ordering key of a job with these args (`#[job(ordering = account_id)]`):
+    /// jobs with the same key (in the same scope) run one at a time, in enqueue order.
+    /// `None` (the default): the job is not ordered.
+    fn ordering_key(args: &Self::Args) -> Option<String> {
+        let _ = args;
+        None
+    }
+
     /// The uniqueness key of `args` (the `unique(by = …)` fields); `None` means the whole
     /// args, when the kind has a uniqueness rule.
     fn unique_key(args: &Self::Args) -> Option<serde_json::Value> {
@@ -256,6 +269,7 @@ pub struct EnqueueBuilder<J: Job> {
     queue: Option<String>,
     max_attempts: Option<u32>,
     idempotency_key: Option<String>,
+    ordering_key: Option<String>,
     wake: bool,
     unique: Option<Unique>,
     on_conflict: Option<Replace>,
@@ -294,6 +308,7 @@ impl<J: Job> EnqueueBuilder<J> {
             queue: None,
             max_attempts: None,
             idempotency_key: None,
+            ordering_key: None,
             wake: true,
             unique: J::UNIQUE,
             on_conflict: None,
@@ -338,6 +353,16 @@ impl<J: Job> EnqueueBuilder<J> {
     /// Overrides the idempotency key the kind derives from its args.
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Sets the ordering key, overriding the one `#[job(ordering = …)]` derives from the
+    /// args: jobs with the same key in the kind's ordering scope run one at a time, in
+    /// enqueue (id) order, on every node; a retry keeps its place, and a job that ends
+    /// `failed` parks the jobs behind it until an operator replays or cancels it or runs
+    /// `jobq unpark`. Must be enqueued in a READ COMMITTED transaction (the default).
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
         self
     }
 
@@ -457,6 +482,14 @@ impl<J: Job> EnqueueBuilder<J> {
             idempotency_key,
             time: self.time_opts(on_conflict, unique.as_ref())?,
             trace_context: None,
+            ordering: self
+                .ordering_key
+                .clone()
+                .or_else(|| J::ordering_key(&self.args))
+                .map(|key| store::NewOrdering {
+                    scope: J::ORDERING_SCOPE.unwrap_or(J::KIND).to_owned(),
+                    key,
+                }),
         };
         job.validate()?;
         Ok(job)

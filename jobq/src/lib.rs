@@ -56,6 +56,7 @@
 pub mod admin;
 mod context;
 mod error;
+mod flow;
 mod ids;
 mod job;
 pub mod maintenance;

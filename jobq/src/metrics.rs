@@ -13,6 +13,7 @@
 //! | `jobq_job_wait_seconds` | histogram | `kind`, `queue` | due (`run_after`) to claim |
 //! | `jobq_queue_depth` | gauge | `queue` | due pending jobs, refreshed by each runtime's worker heartbeat |
 //! | `jobq_queue_oldest_age_seconds` | gauge | `queue` | now − `run_after` of the oldest due job |
+//! | `jobq_jobs_parked` | gauge | `queue` | jobs parked behind a `failed` job of their ordering key, refreshed with the depth |
 //! | `jobq_schedule_slots_total` | counter | `schedule` | a periodic slot's job was enqueued |
 //! | `jobq_schedule_lag_seconds` | gauge | `schedule` | now − the schedule's next slot while it is due and not yet enqueued (0 otherwise), refreshed by each scheduler pass |
 //! | `jobq_schedule_paused` | gauge | `schedule` | 1 while an operator paused the schedule |
@@ -39,6 +40,8 @@ pub const JOB_WAIT: &str = "jobq_job_wait_seconds";
 pub const QUEUE_DEPTH: &str = "jobq_queue_depth";
 /// Gauge: age of the oldest due job per queue, seconds.
 pub const QUEUE_OLDEST_AGE: &str = "jobq_queue_oldest_age_seconds";
+/// Gauge: jobs parked behind a failed job of their ordering key, per queue.
+pub const JOBS_PARKED: &str = "jobq_jobs_parked";
 
 /// Counter: periodic slots enqueued.
 pub const SCHEDULE_SLOTS: &str = "jobq_schedule_slots_total";
@@ -125,4 +128,8 @@ pub(crate) fn finished(kind: &str, queue: &str, state: &str, code: Option<&str>,
 pub(crate) fn queue_gauges(queue: &str, depth: i64, oldest_age_secs: f64) {
     metrics::gauge!(QUEUE_DEPTH, "queue" => queue.to_owned()).set(depth as f64);
     metrics::gauge!(QUEUE_OLDEST_AGE, "queue" => queue.to_owned()).set(oldest_age_secs);
+}
+
+pub(crate) fn parked_gauge(queue: &str, parked: i64) {
+    metrics::gauge!(JOBS_PARKED, "queue" => queue.to_owned()).set(parked as f64);
 }

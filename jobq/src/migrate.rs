@@ -61,6 +61,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0007_dashboard.sql"),
     },
     Migration {
+        version: 8,
+        name: "ordering",
+        sql: include_str!("../migrations/0008_ordering.sql"),
+    },
+    Migration {
         version: 10,
         name: "traces",
         sql: include_str!("../migrations/0010_traces.sql"),

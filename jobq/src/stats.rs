@@ -77,7 +77,13 @@ pub struct Stats {
     pub schedules: Vec<crate::store::ScheduleRow>,
     /// The outbox: unpublished events per type, and publish failures by code.
     pub outbox: crate::outbox::OutboxStats,
+    /// Ordering keys parked behind a failed job, oldest blocker first (at most
+    /// [`PARKED_KEYS`]).
+    pub parked_keys: Vec<crate::store::ParkedKey>,
 }
+
+/// The most parked keys [`Stats::parked_keys`] lists.
+pub const PARKED_KEYS: u32 = 100;
 
 /// One queue.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -91,8 +97,13 @@ pub struct QueueStats {
     pub paused_by: Option<String>,
     /// When.
     pub paused_at: Option<DateTime<Utc>>,
-    /// Pending jobs that are due now.
+    /// Pending jobs that are due now (and not waiting behind their ordering key).
     pub due: i64,
+    /// Due jobs waiting behind an earlier job of their ordering key (parked ones too).
+    pub blocked: i64,
+    /// Jobs parked behind a `failed` job of their ordering key: they run only after an
+    /// operator replays or cancels it, or runs `jobq unpark`.
+    pub parked: i64,
     /// Pending jobs scheduled for later (never attempted).
     pub scheduled: i64,
     /// Pending jobs waiting for a retry's backoff.
@@ -121,8 +132,12 @@ pub struct KindStats {
     pub queue: String,
     /// The kind.
     pub kind: String,
-    /// Pending and due.
+    /// Pending and due (and not waiting behind their ordering key).
     pub due: i64,
+    /// Due, waiting behind an earlier job of their ordering key (parked ones too).
+    pub blocked: i64,
+    /// Parked behind a `failed` job of their ordering key.
+    pub parked: i64,
     /// Pending, scheduled for later.
     pub scheduled: i64,
     /// Pending, waiting for a retry.
@@ -226,6 +241,8 @@ pub async fn stats_with(pool: &PgPool, opts: &StatsOptions) -> Result<Stats, Err
     let queue_rows = store::queue_list(&mut conn).await?;
     let workers = store::worker_list_live(&mut conn, opts.worker_ttl.as_secs_f64()).await?;
     let schedules = store::schedules_list(&mut conn).await?;
+    let parked = store::ordering_parked_counts(&mut conn).await?;
+    let parked_keys = store::ordering_parked_keys(&mut conn, i64::from(PARKED_KEYS)).await?;
     drop(conn);
 
     let workers: Vec<WorkerStats> = workers
@@ -271,13 +288,24 @@ pub async fn stats_with(pool: &PgPool, opts: &StatsOptions) -> Result<Stats, Err
                 ..KindStats::default()
             });
         k.due = l.due;
+        k.blocked = l.blocked;
         k.scheduled = l.scheduled;
         k.retrying = l.retrying;
         k.running = l.running;
         k.oldest_due_age_secs = age(now, l.oldest_due_run_after);
         k.oldest_due_created_age_secs = age(now, l.oldest_due_created_at);
-        k.unserved = l.due + l.scheduled + l.retrying > 0
+        k.unserved = l.due + l.blocked + l.scheduled + l.retrying > 0
             && !served.contains(&(l.queue.as_str(), l.kind.as_str()));
+    }
+    for p in &parked {
+        let k = kinds
+            .entry((p.queue.clone(), p.kind.clone()))
+            .or_insert_with(|| KindStats {
+                queue: p.queue.clone(),
+                kind: p.kind.clone(),
+                ..KindStats::default()
+            });
+        k.parked = p.parked;
     }
     let mut failures: BTreeMap<(String, String, String), FailureCount> = BTreeMap::new();
     for f in &finished {
@@ -352,6 +380,8 @@ pub async fn stats_with(pool: &PgPool, opts: &StatsOptions) -> Result<Stats, Err
         queue_entry(&mut queues, &k.queue);
         if let Some(s) = queues.get_mut(&k.queue) {
             s.due += k.due;
+            s.blocked += k.blocked;
+            s.parked += k.parked;
             s.scheduled += k.scheduled;
             s.retrying += k.retrying;
             s.running += k.running;
@@ -390,6 +420,7 @@ pub async fn stats_with(pool: &PgPool, opts: &StatsOptions) -> Result<Stats, Err
         workers,
         schedules,
         outbox: crate::outbox::stats(pool).await?,
+        parked_keys,
     })
 }
 

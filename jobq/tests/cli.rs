@@ -673,3 +673,67 @@ async fn outbox_lists_stuck_events_replays_one_and_status_shows_the_lag() {
     );
     db.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpark_lets_a_parked_key_proceed_and_show_says_what_it_waits_behind() {
+    let db = TestDatabase::new().await.unwrap();
+    let url = url(&db);
+    let (failed, parked): (i64, i64) = sqlx::query_as(
+        "WITH f AS (
+             INSERT INTO jobq.jobs (kind, payload, state, finished_at, last_error_code,
+                                    ordering_scope, ordering_key)
+             VALUES ('sync', '{}', 'failed', now(), 'boom', 'sync', 'acct-1') RETURNING id
+         ),
+         b AS (
+             INSERT INTO jobq.jobs (kind, payload, ordering_scope, ordering_key, blocked_by)
+             SELECT 'sync', '{}', 'sync', 'acct-1', id FROM f RETURNING id
+         )
+         SELECT f.id, b.id FROM f, b",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    let show = ok(&url, &["show", &parked.to_string()]);
+    assert!(
+        show.contains(&format!("parked behind job {failed} (failed)")),
+        "{show}"
+    );
+    assert!(show.contains("acct-1 (scope sync)"), "{show}");
+    let status = ok(&url, &["status"]);
+    assert!(status.contains("PARKED KEYS (1 jobs parked"), "{status}");
+    let s = json(&url, &["status"]);
+    assert_eq!(s["parked_keys"][0]["blocker"].as_i64(), Some(failed));
+    assert_eq!(s["queues"][0]["parked"].as_i64(), Some(1));
+
+    let e = err(&url, &["--json", "unpark", "acct-1"]);
+    let e: Value = serde_json::from_str(&e).unwrap();
+    assert_eq!(e["error"]["code"], "skip_failed_required");
+    let out = ok(
+        &url,
+        &[
+            "unpark",
+            "acct-1",
+            "--skip-failed",
+            "--reason",
+            "gave up on it",
+        ],
+    );
+    assert!(
+        out.contains(&format!(
+            "failed job(s) {failed} skipped (still failed), 1 job(s) released"
+        )),
+        "{out}"
+    );
+    let f = json(&url, &["show", &failed.to_string()]);
+    assert_eq!(f["job"]["state"], "failed");
+    assert_eq!(f["job"]["ordering_skipped"], true);
+    assert_eq!(f["audit"][0]["action"], "unpark");
+    assert_eq!(f["audit"][0]["actor"], "ops-test");
+    assert_eq!(f["audit"][0]["reason"], "gave up on it");
+    let b = json(&url, &["show", &parked.to_string()]);
+    assert_eq!(b["job"]["blocked_by"], Value::Null);
+    let again = err(&url, &["--json", "unpark", "acct-1", "--skip-failed"]);
+    let again: Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(again["error"]["code"], "not_found");
+    db.close().await;
+}

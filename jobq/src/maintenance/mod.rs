@@ -8,6 +8,7 @@ mod promoter;
 mod pruner;
 mod reaper;
 mod scheduler;
+mod sweeper;
 mod workers;
 
 pub use crate::store::ReapReport;
@@ -18,6 +19,7 @@ pub use pruner::{PRUNER_LOCK, PruneReport, Pruner, PrunerConfig, Retention};
 pub use reaper::{Reaper, ReaperConfig};
 pub use scheduler::{Missed, Schedule, Scheduler, SchedulerConfig, SchedulerReport};
 pub(crate) use scheduler::{Periodic, scheduler_entries, scheduler_entry};
+pub use sweeper::{SweepReport, Sweeper, SweeperConfig};
 #[allow(deprecated)]
 pub use workers::{WorkerHeartbeat, WorkerHeartbeatConfig};
 pub use workers::{WorkerPresence, WorkerPresenceConfig};

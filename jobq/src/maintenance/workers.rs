@@ -72,7 +72,8 @@ impl WorkerPresence {
         }
     }
 
-    /// One beat: upsert this worker's row, forget stale workers, refresh the gauges.
+    /// One beat: upsert this worker's row, forget stale workers, refresh the gauges (depth,
+    /// oldest age, parked).
     ///
     /// # Errors
     ///
@@ -88,6 +89,15 @@ impl WorkerPresence {
                 .find(|(name, _, _)| name == q)
                 .map_or((0, 0.0), |(_, d, a)| (*d, a.unwrap_or(0.0)));
             crate::metrics::queue_gauges(q, depth, age);
+        }
+        let parked = store::ordering_parked_counts(&mut conn).await?;
+        for q in &self.served_queues {
+            let n = parked
+                .iter()
+                .filter(|p| &p.queue == q)
+                .map(|p| p.parked)
+                .sum();
+            crate::metrics::parked_gauge(q, n);
         }
         Ok(())
     }

@@ -263,14 +263,13 @@ async fn flush(conns: &Spares, mut batch: Vec<Request>) {
             .collect();
         let results = with_retry("complete", || async {
             let mut conn = conns.take().await?;
-            let results =
-                store::job_complete_with_outputs(&mut conn, &fences, &outputs, None).await?;
+            let results = store::job_complete_unsettled(&mut conn, &fences, &outputs, None).await?;
             conns.keep(conn);
             Ok(results)
         })
         .await;
         match results {
-            Some(results) => {
+            Some((results, ordered)) => {
                 for (req, res) in completes.into_iter().zip(results) {
                     let written = match res {
                         FenceResult::Applied => Written::Applied(Some("done".to_owned())),
@@ -279,6 +278,19 @@ async fn flush(conns: &Spares, mut batch: Vec<Request>) {
                     };
                     report(&req.write, &written);
                     let _ = req.ack.send(written);
+                }
+                // The next jobs of the completed ordered jobs' keys, once their attempts
+                // have their acks: a settle that fails is left to the sweeper.
+                if !ordered.is_empty() {
+                    let settled = async {
+                        let mut conn = conns.take().await?;
+                        store::ordering_settle(&mut conn, &ordered).await?;
+                        conns.keep(conn);
+                        Ok::<_, Error>(())
+                    };
+                    if let Err(e) = settled.await {
+                        warn!(error = %e, jobs = ordered.len(), "releasing the next jobs of ordering keys failed; the sweeper will");
+                    }
                 }
             }
             None => drop(completes),

@@ -29,7 +29,7 @@ use crate::error::Error;
 use crate::job::Job;
 use crate::maintenance::{
     Periodic, Promoter, PromoterConfig, Pruner, PrunerConfig, Reaper, ReaperConfig, Schedule,
-    Scheduler, SchedulerConfig, WorkerPresence, WorkerPresenceConfig,
+    Scheduler, SchedulerConfig, Sweeper, SweeperConfig, WorkerPresence, WorkerPresenceConfig,
 };
 use crate::notify::{self, Wakers};
 use crate::registry::{JobHandler, Registry, registered_jobs};
@@ -499,6 +499,9 @@ impl Runtime {
         if let Some(rc) = config.reaper.clone() {
             let reaper = Reaper::new(config.own.clone(), rc);
             services.push(tokio::spawn(reaper.run(stop_services.clone())));
+            // Ordering's safety net runs wherever the reaper does.
+            let sweeper = Sweeper::new(config.own.clone(), SweeperConfig::default());
+            services.push(tokio::spawn(sweeper.run(stop_services.clone())));
         }
         if let Some(scheduler) = config.scheduler.clone() {
             scheduler.register().await?;

@@ -275,15 +275,18 @@ pub(crate) async fn queue_set_paused(
 }
 
 /// Whether `queue` is known: it has jobs, a live or recent worker serves it, or it has a
-/// row in `jobq.queues`. Each test is an index probe (pending rows: the claim index;
-/// running rows: few; every other state: `jobs_queue_idx`), so a queue without jobs
+/// row in `jobq.queues`. Each test is an index probe (pending rows: the claim index, or
+/// `jobs_blocked_queue_idx` for those waiting behind their ordering key; running rows: few; every other state: `jobs_queue_idx`), so a queue without jobs
 /// costs no scan of the table.
 pub(crate) async fn queue_exists(conn: &mut PgConnection, queue: &str) -> Result<bool, Error> {
     let known: bool = sqlx::query_scalar(
         r#"
         SELECT EXISTS (SELECT 1 FROM jobq.queues WHERE name = $1)
             OR EXISTS (SELECT 1 FROM jobq.workers WHERE queues ? $1)
-            OR EXISTS (SELECT 1 FROM jobq.jobs WHERE state = 'pending' AND queue = $1)
+            OR EXISTS (SELECT 1 FROM jobq.jobs
+                       WHERE state = 'pending' AND blocked_by IS NULL AND queue = $1)
+            OR EXISTS (SELECT 1 FROM jobq.jobs
+                       WHERE state = 'pending' AND blocked_by IS NOT NULL AND queue = $1)
             OR EXISTS (SELECT 1 FROM jobq.jobs WHERE state = 'running' AND queue = $1)
             OR EXISTS (SELECT 1 FROM jobq.jobs
                        WHERE state IN ('scheduled', 'done', 'failed', 'cancelled')
@@ -350,6 +353,16 @@ pub struct JobRow {
     pub finished_at: Option<DateTime<Utc>>,
     /// What the handler's `Ok(value)` returned (recorded output), if anything.
     pub output: Option<serde_json::Value>,
+    /// The ordering key's scope (the kind, or `ordering_scope`), for an ordered job.
+    pub ordering_scope: Option<String>,
+    /// The ordering key, for an ordered job.
+    pub ordering_key: Option<String>,
+    /// The job of the same key this one waits behind, while it waits.
+    pub blocked_by: Option<JobId>,
+    /// A failed job that `unpark --skip-failed` made stop blocking its key.
+    pub ordering_skipped: bool,
+    /// The failed job of the same key this one is parked behind, while it is.
+    pub parked_behind: Option<JobId>,
     /// The W3C trace context the job was enqueued in (`{"traceparent": …}`), captured with
     /// the `otel` feature.
     pub trace_context: Option<serde_json::Value>,
@@ -370,8 +383,15 @@ pub(crate) async fn job_get(conn: &mut PgConnection, id: i64) -> Result<Option<J
         "SELECT id, kind, queue, payload::text AS payload_text, payload_version, state, priority, attempts,
                 max_attempts, run_after, locked_until, locked_by, idempotency_key,
                 last_error_code, last_error, errors, cancel_requested, created_at, started_at,
-                first_failed_at, last_failed_at, finished_at, output, trace_context
-         FROM jobq.jobs WHERE id = $1",
+                first_failed_at, last_failed_at, finished_at, output, trace_context,
+                ordering_scope, ordering_key, blocked_by, ordering_skipped,
+                CASE WHEN j.blocked_by IS NOT NULL AND j.state IN ('scheduled', 'pending') THEN
+                    (SELECT f.id FROM jobq.jobs f
+                     WHERE f.ordering_scope = j.ordering_scope AND f.ordering_key = j.ordering_key
+                       AND f.id < j.id AND f.state = 'failed' AND NOT f.ordering_skipped
+                     ORDER BY f.id LIMIT 1)
+                END AS parked_behind
+         FROM jobq.jobs j WHERE id = $1",
     )
     .bind(id)
     .fetch_optional(&mut *conn)

@@ -15,6 +15,10 @@ pub(crate) async fn job_insert(
     job: &NewJob,
     wake: Wake<'_>,
 ) -> Result<(Enqueued, Option<TxOf>), Error> {
+    if job.ordering.is_some() {
+        let (mut e, tx) = super::job_insert_ordered(conn, std::slice::from_ref(job), wake).await?;
+        return Ok((e.remove(0), tx));
+    }
     if !job.is_plain() {
         let (mut e, tx) = super::job_insert_timed(conn, std::slice::from_ref(job), wake).await?;
         return Ok((e.remove(0), tx));
@@ -206,6 +210,20 @@ fn bind_columns<'q>(q: PgQuery<'q>, c: &'q Columns<'q>) -> PgQuery<'q> {
 /// key (against existing rows or earlier in the batch) come back with the existing id.
 /// `wake` as for [`job_insert`].
 pub(crate) async fn job_insert_many(
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+    wake: Wake<'_>,
+) -> Result<(Vec<Enqueued>, Option<TxOf>), Error> {
+    if jobs.iter().any(|j| j.ordering.is_some()) {
+        return super::job_insert_ordered(conn, jobs, wake).await;
+    }
+    job_insert_many_unordered(conn, jobs, wake).await
+}
+
+/// [`job_insert_many`] without ordering keys (ordered jobs go through
+/// [`job_insert_ordered`](super::job_insert_ordered), which calls this under their keys'
+/// locks and chains them after).
+pub(crate) async fn job_insert_many_unordered(
     conn: &mut PgConnection,
     jobs: &[NewJob],
     wake: Wake<'_>,
@@ -457,6 +475,7 @@ pub(crate) async fn job_claim(
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_after FROM jobq.jobs j
                 WHERE j.state = 'pending' AND j.queue = $1 AND j.kind = k.kind
+                  AND j.blocked_by IS NULL
                   AND j.run_after <= coalesce($6, now())
                   AND (j.expires_at IS NULL OR j.expires_at > coalesce($6, now()))
                 ORDER BY j.priority, j.run_after, j.id
@@ -546,14 +565,29 @@ pub(crate) async fn job_complete_many(
 
 /// [`job_complete_many`], writing `outputs[i]` (serialized JSON) as the output of
 /// `fences[i]` where given (`outputs` may be shorter; missing or `None` keep the column).
+/// Then settles the ordering keys of the completed jobs that have one.
 pub(crate) async fn job_complete_with_outputs(
     conn: &mut PgConnection,
     fences: &[(i64, i64)],
     outputs: &[Option<&str>],
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<FenceResult>, Error> {
+    let (results, ordered) = job_complete_unsettled(conn, fences, outputs, now).await?;
+    super::ordering_settle(conn, &ordered).await?;
+    Ok(results)
+}
+
+/// [`job_complete_with_outputs`] without the settle: also returns the completed jobs
+/// that have an ordering key, which the caller must settle
+/// ([`ordering_settle`](super::ordering_settle); the sweeper does if it cannot).
+pub(crate) async fn job_complete_unsettled(
+    conn: &mut PgConnection,
+    fences: &[(i64, i64)],
+    outputs: &[Option<&str>],
+    now: Option<DateTime<Utc>>,
+) -> Result<(Vec<FenceResult>, Vec<i64>), Error> {
     if fences.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let ids: Vec<i64> = fences.iter().map(|f| f.0).collect();
     let gens: Vec<i64> = fences.iter().map(|f| f.1).collect();
@@ -563,7 +597,7 @@ pub(crate) async fn job_complete_with_outputs(
             .map(|i| outputs.get(i).copied().flatten())
             .collect()
     });
-    let applied: Vec<i64> = sqlx::query_scalar(
+    let applied: Vec<(i64, bool)> = sqlx::query_as(
         r#"
         UPDATE jobq.jobs j
         SET state = 'done', finished_at = coalesce($3, now()),
@@ -571,7 +605,7 @@ pub(crate) async fn job_complete_with_outputs(
             output = coalesce(f.output::jsonb, j.output)
         FROM unnest($1::bigint[], $2::int8[], $4::text[]) AS f(id, fence, output)
         WHERE j.id = f.id AND (j.state = 'running') IS TRUE AND j.lease_gen = f.fence
-        RETURNING j.id
+        RETURNING j.id, j.ordering_key IS NOT NULL
         "#,
     )
     .bind(&ids)
@@ -580,7 +614,10 @@ pub(crate) async fn job_complete_with_outputs(
     .bind(outputs)
     .fetch_all(&mut *conn)
     .await?;
-    let applied: std::collections::HashSet<i64> = applied.into_iter().collect();
+    // Done jobs with an ordering key: the next job of each key is released after this
+    // statement (its own short transaction, under the key's lock), by the caller.
+    let mut ordered: Vec<i64> = applied.iter().filter(|a| a.1).map(|a| a.0).collect();
+    let applied: std::collections::HashSet<i64> = applied.into_iter().map(|a| a.0).collect();
     let mut results: Vec<FenceResult> = fences
         .iter()
         .map(|(id, _)| {
@@ -597,16 +634,16 @@ pub(crate) async fn job_complete_with_outputs(
         .copied()
         .collect();
     if missed.is_empty() {
-        return Ok(results);
+        return Ok((results, ordered));
     }
     // Not applied: completed by the attempt itself (`complete_in_tx`), or stale. An
     // attempt's own completion cannot be undone and generations only grow, so a later
     // snapshot tells the two apart as well as the UPDATE's own would have.
     let ids: Vec<i64> = missed.iter().map(|f| f.0).collect();
     let gens: Vec<i64> = missed.iter().map(|f| f.1).collect();
-    let done: Vec<i64> = sqlx::query_scalar(
+    let done: Vec<(i64, bool)> = sqlx::query_as(
         r#"
-        SELECT j.id FROM unnest($1::bigint[], $2::int8[]) AS f(id, fence)
+        SELECT j.id, j.ordering_key IS NOT NULL FROM unnest($1::bigint[], $2::int8[]) AS f(id, fence)
         JOIN jobq.jobs j ON j.id = f.id
         WHERE (j.state = 'done') IS TRUE AND j.lease_gen = f.fence
         "#,
@@ -615,13 +652,15 @@ pub(crate) async fn job_complete_with_outputs(
     .bind(&gens)
     .fetch_all(&mut *conn)
     .await?;
-    let done: std::collections::HashSet<i64> = done.into_iter().collect();
+    // Completed in the handler's own transaction: its key is released here too.
+    ordered.extend(done.iter().filter(|d| d.1).map(|d| d.0));
+    let done: std::collections::HashSet<i64> = done.into_iter().map(|d| d.0).collect();
     for ((id, _), r) in fences.iter().zip(results.iter_mut()) {
         if *r == FenceResult::Stale && done.contains(id) {
             *r = FenceResult::AlreadyDone;
         }
     }
-    Ok(results)
+    Ok((results, ordered))
 }
 
 /// One failed attempt to record.
@@ -648,7 +687,7 @@ pub(crate) async fn job_fail(
     conn: &mut PgConnection,
     p: &FailParams<'_>,
 ) -> Result<Option<String>, Error> {
-    let state: Option<String> = sqlx::query_scalar(
+    let row: Option<(String, bool)> = sqlx::query_as(
         r#"
         WITH cur AS (
             SELECT id,
@@ -684,7 +723,7 @@ pub(crate) async fn job_fail(
                             'message', $5, 'disposition', $3))
         FROM cur
         WHERE j.id = cur.id AND j.lease_gen = $2 AND j.state = 'running'
-        RETURNING j.state
+        RETURNING j.state, j.ordering_key IS NOT NULL
         "#,
     )
     .bind(p.id)
@@ -697,7 +736,14 @@ pub(crate) async fn job_fail(
     .bind(ERROR_HISTORY_LEN)
     .fetch_optional(&mut *conn)
     .await?;
-    Ok(state)
+    // A cancelled job of a key releases the next one; a failed one parks the key (the
+    // jobs behind it keep waiting), a retry keeps its place.
+    if let Some((state, true)) = &row
+        && state == "cancelled"
+    {
+        super::ordering_settle(conn, &[p.id]).await?;
+    }
+    Ok(row.map(|r| r.0))
 }
 
 /// Gives a running job back to `pending` at once (graceful shutdown): the interrupted
@@ -709,7 +755,7 @@ pub(crate) async fn job_hand_back(
     id: i64,
     fence: i64,
 ) -> Result<bool, Error> {
-    let done = sqlx::query(
+    let done: Option<(bool,)> = sqlx::query_as(
         r#"
         UPDATE jobq.jobs
         SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END,
@@ -717,11 +763,15 @@ pub(crate) async fn job_hand_back(
             attempts = attempts - 1, run_after = now(),
             locked_until = NULL, locked_by = NULL
         WHERE id = $1 AND lease_gen = $2 AND state = 'running'
+        RETURNING state = 'cancelled' AND ordering_key IS NOT NULL
         "#,
     )
     .bind(id)
     .bind(fence)
-    .execute(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await?;
-    Ok(done.rows_affected() == 1)
+    if let Some((true,)) = done {
+        super::ordering_settle(conn, &[id]).await?;
+    }
+    Ok(done.is_some())
 }

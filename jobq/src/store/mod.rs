@@ -54,6 +54,9 @@ mod effects;
 mod jobs;
 mod lease;
 mod migrations;
+mod ordering;
+#[cfg(test)]
+mod ordering_tests;
 mod outbox;
 mod promote;
 mod prune;
@@ -76,6 +79,8 @@ pub(crate) use jobs::*;
 pub use lease::ReapReport;
 pub(crate) use lease::*;
 pub(crate) use migrations::*;
+pub(crate) use ordering::*;
+pub use ordering::{ParkedKey, Unparked};
 pub(crate) use outbox::*;
 pub use outbox::{Aggregate, InboxOutcome, OutboxEvent, OutboxLag, StuckEvent};
 pub(crate) use promote::*;
@@ -117,6 +122,8 @@ pub(crate) struct NewJob {
     pub(crate) time: TimeOpts,
     /// The enqueuing span's W3C trace context, as a JSON object (`0010_traces`).
     pub(crate) trace_context: Option<String>,
+    /// The ordering key (`0008_ordering`), if the job has one.
+    pub(crate) ordering: Option<NewOrdering>,
 }
 
 impl NewJob {
@@ -185,6 +192,9 @@ impl NewJob {
                     key.len()
                 ),
             ));
+        }
+        if let Some(o) = &self.ordering {
+            validate_ordering(o)?;
         }
         if let Some(at) = self.run_after {
             // PostgreSQL's timestamptz spans 4713 BC (chrono's year -4712) to 294276 AD;
@@ -290,6 +300,35 @@ pub(crate) fn has_escaped_nul(json: &str) -> bool {
         let before = bytes[..i].iter().rev().take_while(|b| **b == b'\\').count();
         before % 2 == 0
     })
+}
+
+/// The longest ordering key accepted, in bytes.
+pub(crate) const MAX_ORDERING_KEY_LEN: usize = 500;
+
+/// Rejects an ordering key or scope PostgreSQL could not store or that would not fit the
+/// index (`invalid_ordering_key`).
+fn validate_ordering(o: &NewOrdering) -> Result<(), Error> {
+    let bad = |what: &str, detail: String| {
+        Error::invalid("invalid_ordering_key", format!("ordering {what} {detail}"))
+    };
+    for (what, value, max) in [
+        ("scope", &o.scope, MAX_KIND_LEN),
+        ("key", &o.key, MAX_ORDERING_KEY_LEN),
+    ] {
+        if value.is_empty() || value.len() > max {
+            return Err(bad(
+                what,
+                format!("must be 1 to {max} bytes, got {}", value.len()),
+            ));
+        }
+        if value.contains('\0') {
+            return Err(bad(
+                what,
+                "contains a NUL character, which PostgreSQL's text cannot store".to_owned(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn validate_name(what: &str, name: &str, max: usize) -> Result<(), Error> {

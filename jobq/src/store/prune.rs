@@ -22,9 +22,12 @@ pub(crate) struct PruneParams<'a> {
     pub(crate) except_kinds: &'a [String],
 }
 
+/// A failed job that parks its ordering key is kept until an operator replays, cancels or
+/// unparks it: deleting it would let the jobs behind it run unannounced.
 const PRUNE_WHERE: &str = "state = $1 AND finished_at < $2
       AND ($3::text IS NULL OR kind = $3)
-      AND ($3::text IS NOT NULL OR NOT (kind = ANY($4)))";
+      AND ($3::text IS NOT NULL OR NOT (kind = ANY($4)))
+      AND NOT (state = 'failed' AND ordering_key IS NOT NULL AND NOT ordering_skipped)";
 
 /// Deletes up to `batch` matching rows (oldest first, skipping rows another transaction
 /// holds) and their effect-ledger rows. Returns how many jobs it deleted; fewer than

@@ -138,6 +138,7 @@ async fn inserts_put_future_jobs_in_scheduled() {
         idempotency_key: key.map(str::to_owned),
         time: Default::default(),
         trace_context: None,
+        ordering: None,
     };
     let mut ids = Vec::new();
     for (delay, key) in [

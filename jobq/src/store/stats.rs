@@ -13,6 +13,8 @@ pub(crate) struct LiveCounts {
     pub(crate) queue: String,
     pub(crate) kind: String,
     pub(crate) due: i64,
+    /// Due, but waiting behind an earlier job of their ordering key.
+    pub(crate) blocked: i64,
     pub(crate) scheduled: i64,
     pub(crate) retrying: i64,
     pub(crate) running: i64,
@@ -22,7 +24,8 @@ pub(crate) struct LiveCounts {
 
 /// Counts waiting (due, scheduled, waiting for a retry: states `pending` and `scheduled`,
 /// by `run_after` against `now`, so a scheduled job the promoter has not reached yet
-/// counts as due) and running jobs per queue and kind, with the oldest due job's
+/// counts as due; a due job waiting behind an earlier job of its ordering key counts as
+/// blocked instead) and running jobs per queue and kind, with the oldest due job's
 /// `run_after` and `created_at`. Each branch matches one
 /// partial index's predicate.
 pub(crate) async fn stats_live(
@@ -32,24 +35,27 @@ pub(crate) async fn stats_live(
     let rows = sqlx::query(
         r#"
         SELECT queue, kind,
-               count(*) FILTER (WHERE state <> 'running' AND run_after <= $1) AS due,
+               count(*) FILTER (WHERE state <> 'running' AND run_after <= $1
+                                  AND blocked_by IS NULL) AS due,
+               count(*) FILTER (WHERE state <> 'running' AND run_after <= $1
+                                  AND blocked_by IS NOT NULL) AS blocked,
                count(*) FILTER (WHERE state <> 'running' AND run_after > $1 AND attempts = 0)
                    AS scheduled,
                count(*) FILTER (WHERE state <> 'running' AND run_after > $1 AND attempts > 0)
                    AS retrying,
                count(*) FILTER (WHERE state = 'running') AS running,
-               min(run_after) FILTER (WHERE state <> 'running' AND run_after <= $1)
-                   AS oldest_due_run_after,
-               min(created_at) FILTER (WHERE state <> 'running' AND run_after <= $1)
-                   AS oldest_due_created_at
+               min(run_after) FILTER (WHERE state <> 'running' AND run_after <= $1
+                                            AND blocked_by IS NULL) AS oldest_due_run_after,
+               min(created_at) FILTER (WHERE state <> 'running' AND run_after <= $1
+                                            AND blocked_by IS NULL) AS oldest_due_created_at
         FROM (
-            SELECT queue, kind, state, run_after, attempts, created_at
+            SELECT queue, kind, state, run_after, attempts, created_at, blocked_by
             FROM jobq.jobs WHERE state = 'pending'
             UNION ALL
-            SELECT queue, kind, state, run_after, attempts, created_at
+            SELECT queue, kind, state, run_after, attempts, created_at, blocked_by
             FROM jobq.jobs WHERE state = 'scheduled'
             UNION ALL
-            SELECT queue, kind, state, run_after, attempts, created_at
+            SELECT queue, kind, state, run_after, attempts, created_at, blocked_by
             FROM jobq.jobs WHERE state = 'running'
         ) j
         GROUP BY queue, kind
@@ -65,6 +71,7 @@ pub(crate) async fn stats_live(
                 queue: r.try_get("queue")?,
                 kind: r.try_get("kind")?,
                 due: r.try_get("due")?,
+                blocked: r.try_get("blocked")?,
                 scheduled: r.try_get("scheduled")?,
                 retrying: r.try_get("retrying")?,
                 running: r.try_get("running")?,
@@ -262,7 +269,8 @@ pub(crate) async fn db_now(conn: &mut PgConnection) -> Result<DateTime<Utc>, Err
         .await?)
 }
 
-/// Due pending jobs and the oldest one's `run_after`, per queue (the metrics gauges).
+/// Due pending jobs (not waiting behind their ordering key) and the oldest one's
+/// `run_after`, per queue (the metrics gauges).
 pub(crate) async fn queue_depths(
     conn: &mut PgConnection,
 ) -> Result<Vec<(String, i64, Option<f64>)>, Error> {
@@ -271,7 +279,7 @@ pub(crate) async fn queue_depths(
         SELECT queue, count(*) AS depth,
                extract(epoch FROM now() - min(run_after))::float8 AS oldest_age
         FROM jobq.jobs
-        WHERE state IN ('pending', 'scheduled') AND run_after <= now()
+        WHERE state IN ('pending', 'scheduled') AND run_after <= now() AND blocked_by IS NULL
         GROUP BY queue
         "#,
     )

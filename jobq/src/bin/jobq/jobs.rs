@@ -174,6 +174,7 @@ pub(crate) async fn show(cx: &Cx, args: ShowArgs) -> Result<(), Failure> {
         for (k, v) in fields {
             println!("{k:<17} {v}");
         }
+        super::ordering::print_show(j);
         println!();
         println!("ERRORS");
         let rows: Vec<Vec<String>> = j

@@ -11,6 +11,7 @@ mod args;
 mod audit;
 mod dashboard;
 mod jobs;
+mod ordering;
 mod outbox;
 mod output;
 mod prune;
@@ -85,6 +86,22 @@ enum Command {
     /// Stuck outbox events (unpublished and old, or whose publish failed); with
     /// `--replay ID`, send one event again (audited).
     Outbox(outbox::OutboxArgs),
+    /// Let the jobs parked behind the failed jobs of an ordering key proceed: with
+    /// --skip-failed those failed jobs stay `failed` but stop blocking the key (audited).
+    Unpark {
+        /// The ordering key.
+        key: String,
+        /// Skip the key's failed jobs (required: the only way to unpark without a replay
+        /// or a cancel).
+        #[arg(long)]
+        skip_failed: bool,
+        /// The key's scope (its kind, or the `ordering_scope` name); default: every scope.
+        #[arg(long)]
+        scope: Option<String>,
+        /// Why, for the audit log.
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// The most recent operator actions.
     Audit(audit::AuditArgs),
 }
@@ -165,6 +182,22 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Prune(args) => prune::prune(&cx, args).await?,
         Command::Outbox(args) => outbox::outbox(&cx, args).await?,
         Command::Audit(args) => audit::audit(&cx, args).await?,
+        Command::Unpark {
+            key,
+            skip_failed,
+            scope,
+            reason,
+        } => {
+            ordering::unpark(
+                &cx.admin,
+                &key,
+                skip_failed,
+                scope.as_deref(),
+                reason.as_deref(),
+                cx.json,
+            )
+            .await?
+        }
         Command::Schedules => schedules::list(&cx.admin, cx.json).await?,
         Command::Schedule { action } => schedules::act(&cx.admin, action, cx.json).await?,
         Command::Dashboard(args) => dashboard::run(cx.pool.clone(), args).await?,

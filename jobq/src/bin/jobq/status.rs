@@ -200,6 +200,7 @@ fn print_status(s: &Stats) {
         "{}",
         table(&["WORKER", "QUEUES", "KINDS", "LAST SEEN"], &rows)
     );
+    super::ordering::print_parked(&s.parked_keys);
     if !s.outbox.lag.is_empty() || !s.outbox.failures.is_empty() {
         println!();
         println!("OUTBOX (unpublished events)");

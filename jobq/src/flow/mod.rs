@@ -1,0 +1,5 @@
+//! Flow control: the claim's rules as data. Per-key ordering ([`ordering`]) keeps the jobs
+//! of one key out of the claim index until the job before them has finished; every rule
+//! is enforced by the statements in `store/`, so it holds across nodes and crashes.
+
+pub(crate) mod ordering;

@@ -1,0 +1,20 @@
+use jobq::JobError;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct Args {
+    pub account_id: i64,
+}
+
+#[jobq::job(ordering = "account_id", ordering_scope = billing)]
+pub async fn send(args: Args) -> Result<(), JobError> {
+    let _ = args.account_id;
+    Ok(())
+}
+
+#[jobq::job(ordering = account_id, ordering_scope = "")]
+pub async fn empty_scope(args: Args) -> Result<(), JobError> {
+    let _ = args.account_id;
+    Ok(())
+}
+
+fn main() {}
