@@ -18,6 +18,7 @@ pub(crate) fn job(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let attr = attr::parse(args, &mut errors);
     crate::time::check(&attr.time, &mut errors);
+    crate::limits::check(&attr.limits, &mut errors);
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
         Err(_) => {
@@ -105,6 +106,7 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
         )
     });
     let time = crate::time::expand(&attr.time, &p, args_ty);
+    let limits = crate::limits::expand(&attr.limits, &p);
     let idempotency = attr.idempotency.as_ref().map(|field| {
         // `args.<field>` carries the user's span: a field that does not exist is reported
         // at their token as "no field `x` on type `Args`".
@@ -208,6 +210,7 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
 
             #idempotency
             #time
+            #limits
 
             fn run(#ctx_param: #p::JobContext, args: <Self as #p::Job>::Args) -> #run_ret {
                 #body

@@ -97,6 +97,9 @@ pub trait Job: Send + Sync + 'static {
     /// and pushes its `run_after` to now plus this; implies a uniqueness rule over pending
     /// jobs (by the `unique(by = …)` fields, or one pending job per kind).
     const DEBOUNCE: Option<Duration> = None;
+    /// The kind's cluster-wide concurrency and rate limits (`#[job(concurrency = 5)]`,
+    /// `rate = "100/s"`); an operator's `jobq limit set` overrides them at run time.
+    const LIMITS: crate::KindLimits = crate::KindLimits::NONE;
 
     /// The arguments, stored as JSON in `jobs.payload`.
     type Args: Serialize + DeserializeOwned + Send + 'static;
@@ -106,6 +109,20 @@ pub trait Job: Send + Sync + 'static {
     /// The idempotency key for `args`, if jobs of this kind are deduplicated: a second
     /// enqueue with the same key inserts nothing and returns the first job's id.
     fn idempotency_key(args: &Self::Args) -> Option<String> {
+        let _ = args;
+        None
+    }
+
+    /// The concurrency key of `args` (`concurrency_key = field`): with a per-key
+    /// concurrency limit, at most that many jobs of one key run at once.
+    fn concurrency_key(args: &Self::Args) -> Option<String> {
+        let _ = args;
+        None
+    }
+
+    /// The rate key of `args` (`rate_key = field`): with a per-key rate limit, each key
+    /// has a token bucket of its own.
+    fn rate_key(args: &Self::Args) -> Option<String> {
         let _ = args;
         None
     }
@@ -267,6 +284,8 @@ pub struct EnqueueBuilder<J: Job> {
     on_conflict: Option<Replace>,
     max_age: Option<Duration>,
     deadline: Option<DateTime<Utc>>,
+    concurrency_key: Option<String>,
+    rate_key: Option<String>,
     _job: PhantomData<fn() -> J>,
 }
 
@@ -285,6 +304,8 @@ impl<J: Job> fmt::Debug for EnqueueBuilder<J> {
             .field("on_conflict", &self.on_conflict)
             .field("max_age", &self.max_age)
             .field("deadline", &self.deadline)
+            .field("concurrency_key", &self.concurrency_key)
+            .field("rate_key", &self.rate_key)
             .finish_non_exhaustive()
     }
 }
@@ -305,6 +326,8 @@ impl<J: Job> EnqueueBuilder<J> {
             on_conflict: None,
             max_age: J::MAX_AGE,
             deadline: None,
+            concurrency_key: None,
+            rate_key: None,
             _job: PhantomData,
         }
     }
@@ -344,6 +367,21 @@ impl<J: Job> EnqueueBuilder<J> {
     /// Overrides the idempotency key the kind derives from its args.
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Overrides the concurrency key the kind derives from its args (`concurrency_key =
+    /// field`): with a per-key concurrency limit, at most that many jobs of one key run
+    /// at once across all nodes.
+    pub fn concurrency_key(mut self, key: impl Into<String>) -> Self {
+        self.concurrency_key = Some(key.into());
+        self
+    }
+
+    /// Overrides the rate key the kind derives from its args (`rate_key = field`): with
+    /// a per-key rate limit, each key has a token bucket of its own.
+    pub fn rate_key(mut self, key: impl Into<String>) -> Self {
+        self.rate_key = Some(key.into());
         self
     }
 
@@ -525,6 +563,11 @@ impl<J: Job> EnqueueBuilder<J> {
             replace: on_conflict,
             max_age_secs: self.max_age.map(|d| d.as_secs_f64()),
             deadline: self.deadline,
+            concurrency_key: self
+                .concurrency_key
+                .clone()
+                .or_else(|| J::concurrency_key(&self.args)),
+            rate_key: self.rate_key.clone().or_else(|| J::rate_key(&self.args)),
         })
     }
 }

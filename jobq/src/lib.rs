@@ -56,6 +56,7 @@
 pub mod admin;
 mod context;
 mod error;
+mod flow;
 mod job;
 pub mod maintenance;
 pub mod metrics;
@@ -74,6 +75,7 @@ pub mod web;
 
 pub use context::{InTransaction, JobContext};
 pub use error::{Classification, Classify, Disposition, Error, JobError};
+pub use flow::limits::{KindLimits, Rate};
 pub use job::{
     Conn, DecodeError, EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN,
     MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN, Replace, Unique, UniqueState, Upgrade,
@@ -312,6 +314,7 @@ pub mod __private {
 
     pub use crate::context::JobContext;
     pub use crate::error::{Classification, Classify, Disposition, Error};
+    pub use crate::flow::limits::{KindLimits, Rate};
     pub use crate::job::{
         Conn, DecodeError, EnqueueBuilder, Enqueued, Job, Replace, Unique, UniqueState, Upgrade,
         decode_as,

@@ -59,6 +59,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "dashboard",
         sql: include_str!("../migrations/0007_dashboard.sql"),
     },
+    Migration {
+        version: 9,
+        name: "limits",
+        sql: include_str!("../migrations/0009_limits.sql"),
+    },
 ];
 
 /// An advisory-lock key only jobq's migrations use ("jobq" in ASCII).

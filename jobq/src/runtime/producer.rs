@@ -22,7 +22,7 @@ use super::lease::RunningSet;
 use super::spares::{LINGER, Spares};
 use super::{Config, DrainReport, DrainedAttempt};
 use crate::error::Error;
-use crate::store::{self, ClaimParams, ClaimedJob};
+use crate::store::{ClaimParams, ClaimedJob};
 
 pub(crate) struct Producer {
     pub(crate) config: Arc<Config>,
@@ -249,7 +249,8 @@ async fn claim(
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<ClaimedJob>, Error> {
     let mut held = conn.take().await?;
-    let jobs = store::job_claim(
+    let limits = config.limits.get(&mut held, now).await?;
+    let jobs = crate::flow::limits::claim(
         &mut held,
         &ClaimParams {
             queue,
@@ -259,6 +260,8 @@ async fn claim(
             worker: &config.worker_id,
             now,
         },
+        &limits,
+        config.poll_interval,
     )
     .await?;
     conn.keep(held);

@@ -487,6 +487,14 @@ pub(crate) async fn job_claim(
     .bind(p.now)
     .fetch_all(&mut *conn)
     .await?;
+    claimed_from_rows(rows)
+}
+
+/// The claimed jobs of a claim's `RETURNING` rows, oldest first as the queue's order
+/// says (`UPDATE … RETURNING` keeps no order).
+pub(crate) fn claimed_from_rows(
+    rows: Vec<sqlx::postgres::PgRow>,
+) -> Result<Vec<ClaimedJob>, Error> {
     let mut jobs = Vec::with_capacity(rows.len());
     for row in rows {
         jobs.push(ClaimedJob {
@@ -503,7 +511,6 @@ pub(crate) async fn job_claim(
             wait_secs: row.try_get("wait_secs")?,
         });
     }
-    // Oldest first, as the queue's order says; UPDATE … RETURNING keeps no order.
     jobs.sort_by_key(|j| (j.priority, j.id));
     Ok(jobs)
 }

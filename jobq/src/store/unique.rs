@@ -26,6 +26,10 @@ pub(crate) struct TimeOpts {
     pub(crate) max_age_secs: Option<f64>,
     /// `expires_at` at most this.
     pub(crate) deadline: Option<DateTime<Utc>>,
+    /// `jobs.concurrency_key` (`0009_limits`).
+    pub(crate) concurrency_key: Option<String>,
+    /// `jobs.rate_key` (`0009_limits`).
+    pub(crate) rate_key: Option<String>,
 }
 
 impl Default for TimeOpts {
@@ -38,6 +42,8 @@ impl Default for TimeOpts {
             replace: None,
             max_age_secs: None,
             deadline: None,
+            concurrency_key: None,
+            rate_key: None,
         }
     }
 }
@@ -49,6 +55,8 @@ impl TimeOpts {
             && self.unique_key.is_none()
             && self.max_age_secs.is_none()
             && self.deadline.is_none()
+            && self.concurrency_key.is_none()
+            && self.rate_key.is_none()
     }
 }
 
@@ -103,19 +111,21 @@ pub(crate) async fn job_insert_timed(
         r#" AS unique_key
             FROM unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::int4[],
                         $6::timestamptz[], $7::float8[], $8::text[], $9::int4[], $10::text[],
-                        $11::int2[], $12::float8[], $13::float8[], $14::timestamptz[])
+                        $11::int2[], $12::float8[], $13::float8[], $14::timestamptz[],
+                        $17::text[], $18::text[])
                  WITH ORDINALITY AS t(kind, queue, payload, priority, max_attempts,
                                       run_after, delay, idempotency_key, version, ukey,
-                                      ustates, uperiod, max_age, deadline, ord)
+                                      ustates, uperiod, max_age, deadline, ckey, rkey, ord)
         ),
         ins AS (
             INSERT INTO jobq.jobs
                 (id, kind, queue, payload, priority, max_attempts, run_after, idempotency_key,
-                 payload_version, unique_key, unique_states, expires_at, state)
+                 payload_version, unique_key, unique_states, expires_at, concurrency_key,
+                 rate_key, state)
             SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts, at,
                    idempotency_key, version, unique_key,
                    CASE WHEN unique_key IS NOT NULL THEN ustates END,
-                   least(now() + make_interval(secs => max_age), deadline), "#,
+                   least(now() + make_interval(secs => max_age), deadline), ckey, rkey, "#,
         state_sql!("at"),
         r#"
             FROM input,
@@ -198,6 +208,16 @@ pub(crate) async fn job_insert_timed(
     .bind(jobs.iter().map(|j| j.time.deadline).collect::<Vec<_>>())
     .bind(wake.channel())
     .bind(wake.routes())
+    .bind(
+        jobs.iter()
+            .map(|j| j.time.concurrency_key.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        jobs.iter()
+            .map(|j| j.time.rate_key.as_deref())
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(&mut *conn)
     .await?;
     let tx = match rows.first() {
@@ -235,11 +255,12 @@ async fn job_insert_replacing(
         WITH ins AS (
             INSERT INTO jobq.jobs AS j
                 (kind, queue, payload, priority, max_attempts, run_after, idempotency_key,
-                 payload_version, unique_key, unique_states, expires_at, state)
+                 payload_version, unique_key, unique_states, expires_at, concurrency_key,
+                 rate_key, state)
             SELECT $1, $2, $3::text::jsonb, $4, $5, t.at, $8, $9,
                     "#,
         unique_key_sql!("$10::text", "$12::float8"),
-        r#", $11, least(now() + make_interval(secs => $13), $14), "#,
+        r#", $11, least(now() + make_interval(secs => $13), $14), $19, $20, "#,
         state_sql!("t.at"),
         r#"
             FROM (SELECT coalesce($6, now() + make_interval(secs => coalesce($7, 0))) AS at) t
@@ -288,6 +309,8 @@ async fn job_insert_replacing(
     .bind(wake.routes())
     .bind(replace.args)
     .bind(replace.run_after)
+    .bind(&job.time.concurrency_key)
+    .bind(&job.time.rate_key)
     .fetch_optional(&mut *conn)
     .await?;
     match row {
