@@ -1,6 +1,6 @@
 //! `jobq`: operate a jobq database from a shell — what is pending, what failed, what did
 //! we already do — and act on it: replay, cancel, edit a payload, retry now, pause,
-//! resume, prune.
+//! resume, prune, change a limit.
 //!
 //! Reads `DATABASE_URL` (or `--database-url`). Prints readable tables by default and JSON
 //! with `--json`. Bulk actions ask for confirmation on a terminal and need `--yes`
@@ -9,6 +9,8 @@
 
 #[path = "jobq/dashboard.rs"]
 mod dashboard;
+#[path = "jobq/limits.rs"]
+mod limits;
 #[path = "jobq/schedules.rs"]
 mod schedules;
 
@@ -170,6 +172,14 @@ enum Command {
     Schedule {
         #[command(subcommand)]
         action: schedules::ScheduleAction,
+    },
+    /// Concurrency and rate limits in force, with usage: running jobs, tokens and the
+    /// next token, key buckets and throttles.
+    Limits,
+    /// Change a limit at run time (audited): `jobq limit set KIND --concurrency 3`.
+    Limit {
+        #[command(subcommand)]
+        action: limits::LimitAction,
     },
     /// Serve the web dashboard (loopback only unless credentials are given).
     Dashboard(dashboard::DashboardArgs),
@@ -1033,6 +1043,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Schedules => schedules::list(&admin, json).await?,
+        Command::Limits => limits::list(&admin, json).await?,
+        Command::Limit { action } => limits::act(&admin, action, json).await?,
         Command::Schedule { action } => schedules::act(&admin, action, json).await?,
         Command::Dashboard(args) => dashboard::run(pool, args).await?,
         Command::Outbox {
