@@ -11,22 +11,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use jobq::admin::{Admin, LimitSet, LimitTarget};
 use jobq_testing::TestDatabase;
-use tests::N;
+use tests::{N, Nodes, count_in_state};
 
 #[path = "../src/limits_jobs.rs"]
 mod limits_jobs;
 use limits_jobs::{Adjustable, Capped, Metered};
-
-struct Nodes(Vec<Child>);
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn spawn_node(db: &TestDatabase) -> std::io::Result<Child> {
     Command::new(env!("CARGO_BIN_EXE_limits_node"))
@@ -51,13 +40,7 @@ impl Sampler {
         let (m, s, pool) = (max.clone(), stop.clone(), pool.clone());
         let task = tokio::spawn(async move {
             while !s.load(Ordering::Relaxed) {
-                let n: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM jobq.jobs WHERE kind = $1 AND state = 'running'",
-                )
-                .bind(kind)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
+                let n = count_in_state(&pool, kind, "running").await;
                 m.fetch_max(n, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -73,11 +56,7 @@ impl Sampler {
 }
 
 async fn done(pool: &sqlx::PgPool, kind: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM jobq.jobs WHERE kind = $1 AND state = 'done'")
-        .bind(kind)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    count_in_state(pool, kind, "done").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,13 +73,7 @@ async fn the_concurrency_cap_holds_while_workers_are_killed() -> anyhow::Result<
     let mut killed = 0;
     for round in 0..6 {
         let busy = tests::eventually(Duration::from_secs(60), || async {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM jobq.jobs WHERE kind = 'capped' AND state = 'running'",
-            )
-            .fetch_one(pool)
-            .await
-            .unwrap()
-                > 0
+            count_in_state(pool, "capped", "running").await > 0
         })
         .await;
         if !busy {
@@ -182,13 +155,7 @@ async fn an_operators_limit_reaches_running_nodes() -> anyhow::Result<()> {
     }
     // Unlimited, both nodes run several at once.
     let parallel = tests::eventually(Duration::from_secs(60), || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM jobq.jobs WHERE kind = 'adjustable' AND state = 'running'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap()
-            >= 2
+        count_in_state(pool, "adjustable", "running").await >= 2
     })
     .await;
     assert!(parallel, "the nodes never ran two jobs at once");

@@ -14,7 +14,7 @@
 //! between repetitions. Ratios are taken between medians of the same run, so they hold
 //! up on a noisy machine better than the absolute figures do.
 //!
-//! `LIST` is a comma-separated subset of `ceiling,enqueue,drain,dirty,latency,notify,scale`
+//! `LIST` is a comma-separated subset of `ceiling,enqueue,drain,dirty,latency,notify,scale,limits`
 //! (`soak` and `held` too, when asked for by their flags).
 //! `--quick` is a smoke run for CI (under a minute); it fails only on errors, never on
 //! timing. The long rows run only when asked: `--soak` (10 minutes of steady load, or
@@ -25,6 +25,7 @@
 //! `ALTER SYSTEM` (when the server has it off) and puts `postgresql.auto.conf` back as
 //! it was when it ends. `--autovacuum-off` runs with it off instead, for comparison.
 
+mod limits;
 mod raw;
 mod report;
 mod scale;
@@ -228,6 +229,9 @@ async fn sections(s: &Settings, db: &BenchDb, started: Instant) -> anyhow::Resul
     }
     if s.wants("scale") {
         scale_out(s, db, &mut report).await?;
+    }
+    if s.wants("limits") {
+        limits::limits(s, db, &mut report).await?;
     }
     if let Some(minutes) = s.soak_minutes
         && s.wants("soak")

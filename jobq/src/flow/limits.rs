@@ -322,6 +322,20 @@ impl LimitCache {
     }
 }
 
+/// How often a producer whose kinds are all at their concurrency limit looks again (a
+/// slot freed anywhere is taken within this, not within a poll interval).
+pub(crate) const LIMIT_RECHECK: Duration = Duration::from_millis(100);
+
+/// What a claim within limits took, and when a limit that held jobs back may let them
+/// go: a kind-wide bucket's next token, [`LIMIT_RECHECK`] for a full concurrency limit,
+/// at once when candidates were deferred (others may be due). An idle producer waits for
+/// that (or a wake-up), not a whole poll interval.
+#[derive(Debug, Default)]
+pub(crate) struct Claimed {
+    pub(crate) jobs: Vec<ClaimedJob>,
+    pub(crate) retry_in: Option<Duration>,
+}
+
 /// Claims as [`store::job_claim`] does, within the limits in force: today's single
 /// statement when neither the queue nor any served kind is limited, else the locked
 /// transaction described in the module docs. Jobs over a per-key limit are deferred
@@ -332,7 +346,7 @@ pub(crate) async fn claim(
     p: &ClaimParams<'_>,
     limits: &Effective,
     defer: Duration,
-) -> Result<Vec<ClaimedJob>, Error> {
+) -> Result<Claimed, Error> {
     let queue_cap = limits.queues.get(p.queue).copied();
     let limited: Vec<String> = p
         .kinds
@@ -341,7 +355,10 @@ pub(crate) async fn claim(
         .cloned()
         .collect();
     if queue_cap.is_none() && limited.is_empty() {
-        return store::job_claim(conn, p).await;
+        return Ok(Claimed {
+            jobs: store::job_claim(conn, p).await?,
+            retry_in: None,
+        });
     }
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     let mut keys: Vec<String> = limited
@@ -382,9 +399,36 @@ pub(crate) async fn claim(
             ),
         })
         .collect();
+    // When a kind held back entirely may go again: its bucket's next token, or a
+    // recheck for a full concurrency limit (a full queue holds back every kind).
+    let retry_in = p
+        .kinds
+        .iter()
+        .zip(&windows)
+        .filter(|(_, w)| **w <= 0)
+        .filter_map(|(k, _)| {
+            let rule = limits.kinds.get(k)?;
+            let full = total == 0
+                || rule.concurrency.is_some_and(|c| {
+                    !rule.per_key && running.get(k.as_str()).copied().unwrap_or(0) >= c
+                });
+            match rule.bucket {
+                _ if full => Some(LIMIT_RECHECK),
+                Some((rate, false)) => {
+                    let b = kind_buckets.get(k.as_str()).copied().flatten();
+                    (rate.next_token(b.as_ref(), now, 0) - now).to_std().ok()
+                }
+                _ => None,
+            }
+        })
+        .min()
+        .or((total == 0).then_some(LIMIT_RECHECK));
     if windows.iter().all(|w| *w <= 0) {
         tx.commit().await?;
-        return Ok(Vec::new());
+        return Ok(Claimed {
+            jobs: Vec::new(),
+            retry_in,
+        });
     }
     let per_key: Vec<String> = filter_kinds(limits, |r| r.concurrency.is_some() && r.per_key);
     let key_buckets: Vec<String> = filter_kinds(limits, |r| matches!(r.bucket, Some((_, true))));
@@ -405,7 +449,15 @@ pub(crate) async fn claim(
         store::claim_apply(&mut tx, p, &plan).await?
     };
     tx.commit().await?;
-    Ok(jobs)
+    let deferred_only = jobs.is_empty() && !plan.defer.is_empty();
+    Ok(Claimed {
+        jobs,
+        retry_in: if deferred_only {
+            Some(Duration::ZERO)
+        } else {
+            retry_in
+        },
+    })
 }
 
 fn filter_kinds(limits: &Effective, f: impl Fn(&KindRule) -> bool) -> Vec<String> {
@@ -443,6 +495,16 @@ pub(crate) fn window(
     w.max(0)
 }
 
+/// One bucket as a claim's plan charges it.
+struct Charge {
+    /// Tokens taken by this claim.
+    taken: u32,
+    /// Candidates deferred to its later tokens.
+    deferred: u32,
+    bucket: Option<BucketState>,
+    rate: BucketRate,
+}
+
 /// Decides a limited claim: walks `candidates` in claim order and claims each one its
 /// limits allow, up to `total`. A candidate over its kind's concurrency limit or kind-wide
 /// bucket is left pending (those limits already bound the window); one over its
@@ -459,9 +521,7 @@ pub(crate) fn plan(
     let mut out = ClaimPlan::default();
     let mut taken_kind: HashMap<&str, i64> = HashMap::new();
     let mut taken_key: HashMap<(&str, &str), i64> = HashMap::new();
-    // (kind, key) -> (tokens taken, deferred, bucket, rate)
-    let mut buckets: HashMap<(&str, &str), (u32, u32, Option<BucketState>, BucketRate)> =
-        HashMap::new();
+    let mut buckets: HashMap<(&str, &str), Charge> = HashMap::new();
     let later = now + chrono::Duration::from_std(defer).unwrap_or(chrono::Duration::seconds(1));
     for c in candidates {
         if out.take.len() as i64 >= total {
@@ -490,24 +550,30 @@ pub(crate) fn plan(
         if let Some((rate, per_key)) = rule.bucket {
             let b = buckets
                 .entry((c.kind.as_str(), c.bucket_key.as_str()))
-                .or_insert((0, 0, c.bucket, rate));
-            if rate.available(b.2.as_ref(), now) - f64::from(b.0) < 1.0 {
+                .or_insert(Charge {
+                    taken: 0,
+                    deferred: 0,
+                    bucket: c.bucket,
+                    rate,
+                });
+            if rate.available(b.bucket.as_ref(), now) - f64::from(b.taken) < 1.0 {
                 if per_key {
+                    let n = b.taken + b.deferred;
                     out.defer
-                        .push((c.id, rate.next_token(b.2.as_ref(), now, b.0 + b.1)));
-                    b.1 += 1;
+                        .push((c.id, rate.next_token(b.bucket.as_ref(), now, n)));
+                    b.deferred += 1;
                 }
                 continue;
             }
-            b.0 += 1;
+            b.taken += 1;
         }
         *taken_kind.entry(c.kind.as_str()).or_default() += 1;
         *taken_key.entry((c.kind.as_str(), ckey)).or_default() += 1;
         out.take.push(c.id);
     }
-    for ((kind, key), (taken, _, bucket, rate)) in buckets {
-        if taken > 0 && rate.per_sec.is_finite() {
-            let left = rate.available(bucket.as_ref(), now) - f64::from(taken);
+    for ((kind, key), b) in buckets {
+        if b.taken > 0 && b.rate.per_sec.is_finite() {
+            let left = b.rate.available(b.bucket.as_ref(), now) - f64::from(b.taken);
             out.charge
                 .push((kind.to_owned(), key.to_owned(), left, now));
         }

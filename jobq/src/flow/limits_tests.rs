@@ -96,7 +96,7 @@ async fn claim_at(
     )
     .await
     .unwrap();
-    jobs.iter().map(|j| j.id).collect()
+    jobs.jobs.iter().map(|j| j.id).collect()
 }
 
 async fn seed(conn: &mut PgConnection, limits: KindLimits, queue_limit: Option<u32>) {

@@ -445,7 +445,7 @@ pub(crate) async fn job_claim(
     conn: &mut PgConnection,
     p: &ClaimParams<'_>,
 ) -> Result<Vec<ClaimedJob>, Error> {
-    let rows = sqlx::query(
+    let rows = sqlx::query(concat!(
         r#"
         WITH served AS (
             SELECT * FROM unnest($2::text[], $3::float8[]) AS s(kind, lease)
@@ -466,19 +466,14 @@ pub(crate) async fn job_claim(
             LIMIT $4
         )
         UPDATE jobq.jobs j
-        SET state = 'running',
-            attempts = j.attempts + 1,
-            lease_gen = j.lease_gen + 1,
-            locked_until = coalesce($6, now()) + make_interval(secs => s.lease),
-            locked_by = $5,
-            started_at = coalesce($6, now())
+        "#,
+        claim_set_sql!(),
+        r#"
         FROM candidates c, served s
         WHERE j.id = c.id AND s.kind = j.kind
-        RETURNING j.id, j.lease_gen, j.attempts, j.max_attempts, j.kind, j.queue,
-                  j.payload::text AS payload, j.priority, j.created_at, j.payload_version,
-                  greatest(extract(epoch FROM j.started_at - j.run_after), 0)::float8 AS wait_secs
         "#,
-    )
+        claim_returning_sql!()
+    ))
     .bind(p.queue)
     .bind(p.kinds)
     .bind(p.lease_secs)

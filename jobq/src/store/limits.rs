@@ -245,16 +245,7 @@ pub(crate) async fn limits_usage(
     for row in &rows {
         let limit = limit_from_row(row)?;
         let at: DateTime<Utc> = row.try_get("at")?;
-        let bucket = match (
-            row.try_get::<Option<f64>, _>("tokens")?,
-            row.try_get::<Option<DateTime<Utc>>, _>("refilled_at")?,
-        ) {
-            (Some(tokens), Some(refilled_at)) => Some(BucketState {
-                tokens,
-                refilled_at,
-            }),
-            _ => None,
-        };
+        let bucket = bucket_of(row)?;
         let (tokens, next_token_at) = match (limit.rate_count, limit.rate_secs) {
             (Some(count), Some(secs)) => {
                 let rate = BucketRate::new(count, secs, limit.burst);
@@ -380,6 +371,19 @@ pub(crate) async fn rate_throttle(
 pub(crate) struct BucketState {
     pub(crate) tokens: f64,
     pub(crate) refilled_at: DateTime<Utc>,
+}
+
+/// The bucket of a row with nullable `tokens` and `refilled_at` columns (`None`: the
+/// bucket has no row, so it is full).
+fn bucket_of(row: &sqlx::postgres::PgRow) -> Result<Option<BucketState>, Error> {
+    let tokens: Option<f64> = row.try_get("tokens")?;
+    let refilled_at: Option<DateTime<Utc>> = row.try_get("refilled_at")?;
+    Ok(tokens
+        .zip(refilled_at)
+        .map(|(tokens, refilled_at)| BucketState {
+            tokens,
+            refilled_at,
+        }))
 }
 
 /// A bucket's rate: tokens per second and the most it holds. An unlimited rate (a
@@ -512,16 +516,7 @@ pub(crate) async fn claim_usage(
                 usage.now = row.try_get("at")?;
             }
             Some(kind) => {
-                let bucket = match (
-                    row.try_get::<Option<f64>, _>("tokens")?,
-                    row.try_get::<Option<DateTime<Utc>>, _>("refilled_at")?,
-                ) {
-                    (Some(tokens), Some(refilled_at)) => Some(BucketState {
-                        tokens,
-                        refilled_at,
-                    }),
-                    _ => None,
-                };
+                let bucket = bucket_of(&row)?;
                 usage.kinds.push((kind, running, bucket));
             }
         }
@@ -601,16 +596,7 @@ pub(crate) async fn claim_candidates(
     .await?;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
-        let bucket = match (
-            row.try_get::<Option<f64>, _>("tokens")?,
-            row.try_get::<Option<DateTime<Utc>>, _>("refilled_at")?,
-        ) {
-            (Some(tokens), Some(refilled_at)) => Some(BucketState {
-                tokens,
-                refilled_at,
-            }),
-            _ => None,
-        };
+        let bucket = bucket_of(&row)?;
         out.push(Candidate {
             id: row.try_get("id")?,
             kind: row.try_get("kind")?,
@@ -648,7 +634,7 @@ pub(crate) async fn claim_apply(
     let b_key: Vec<&str> = plan.charge.iter().map(|c| c.1.as_str()).collect();
     let b_tokens: Vec<f64> = plan.charge.iter().map(|c| c.2).collect();
     let b_at: Vec<DateTime<Utc>> = plan.charge.iter().map(|c| c.3).collect();
-    let rows = sqlx::query(
+    let rows = sqlx::query(concat!(
         r#"
         WITH served AS (
             SELECT * FROM unnest($2::text[], $3::float8[]) AS s(kind, lease)
@@ -668,20 +654,15 @@ pub(crate) async fn claim_apply(
             RETURNING 1
         )
         UPDATE jobq.jobs j
-        SET state = 'running',
-            attempts = j.attempts + 1,
-            lease_gen = j.lease_gen + 1,
-            locked_until = coalesce($6, now()) + make_interval(secs => s.lease),
-            locked_by = $5,
-            started_at = coalesce($6, now())
+        "#,
+        claim_set_sql!(),
+        r#"
         FROM unnest($4::int8[]) AS t(id), served s
         -- `deferred` and `charged` run to completion though nothing reads them.
         WHERE j.id = t.id AND s.kind = j.kind AND j.state = 'pending'
-        RETURNING j.id, j.lease_gen, j.attempts, j.max_attempts, j.kind, j.queue,
-                  j.payload::text AS payload, j.priority, j.created_at, j.payload_version,
-                  greatest(extract(epoch FROM j.started_at - j.run_after), 0)::float8 AS wait_secs
         "#,
-    )
+        claim_returning_sql!()
+    ))
     .bind(p.queue)
     .bind(p.kinds)
     .bind(p.lease_secs)

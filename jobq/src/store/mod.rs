@@ -48,6 +48,34 @@ macro_rules! state_sql {
     };
 }
 
+/// The `SET` of a claim's `UPDATE jobq.jobs j`: running, one more attempt, a new lease
+/// generation, the lease of the kind (`s.lease`, from the `served` CTE), worker `$5`,
+/// clock `$6`. Both claims (`job_claim`, `claim_apply`) use it, so a claimed row is the
+/// same whichever claimed it.
+macro_rules! claim_set_sql {
+    () => {
+        r#"
+        SET state = 'running',
+            attempts = j.attempts + 1,
+            lease_gen = j.lease_gen + 1,
+            locked_until = coalesce($6, now()) + make_interval(secs => s.lease),
+            locked_by = $5,
+            started_at = coalesce($6, now())
+        "#
+    };
+}
+
+/// The `RETURNING` of a claim, as `claimed_from_rows` reads it.
+macro_rules! claim_returning_sql {
+    () => {
+        r#"
+        RETURNING j.id, j.lease_gen, j.attempts, j.max_attempts, j.kind, j.queue,
+                  j.payload::text AS payload, j.priority, j.created_at, j.payload_version,
+                  greatest(extract(epoch FROM j.started_at - j.run_after), 0)::float8 AS wait_secs
+        "#
+    };
+}
+
 mod admin;
 mod browse;
 mod effects;
