@@ -209,11 +209,14 @@ pub enum LimitTarget {
 }
 
 impl LimitTarget {
-    fn parts(&self) -> (&'static str, &str) {
-        match self {
-            LimitTarget::Kind(k) => ("kind", k),
-            LimitTarget::Queue(q) => ("queue", q),
-        }
+    /// The scope and name, after checking the name as enqueue does.
+    fn parts(&self) -> Result<(&'static str, &str), Error> {
+        let (scope, name, max) = match self {
+            LimitTarget::Kind(k) => ("kind", k, crate::job::MAX_KIND_LEN),
+            LimitTarget::Queue(q) => ("queue", q, crate::job::MAX_QUEUE_LEN),
+        };
+        store::validate_name(scope, name, max)?;
+        Ok((scope, name))
     }
 }
 
@@ -504,8 +507,7 @@ impl Admin {
         change: &LimitSet,
         reason: Option<&str>,
     ) -> Result<bool, Error> {
-        let (scope, name) = target.parts();
-        store::validate_name(scope, name, crate::job::MAX_KIND_LEN)?;
+        let (scope, name) = target.parts()?;
         if change == &LimitSet::default() {
             return Err(Error::invalid(
                 "empty_limit",
@@ -554,8 +556,7 @@ impl Admin {
         target: &LimitTarget,
         reason: Option<&str>,
     ) -> Result<bool, Error> {
-        let (scope, name) = target.parts();
-        store::validate_name(scope, name, crate::job::MAX_KIND_LEN)?;
+        let (scope, name) = target.parts()?;
         let mut conn = self.pool.acquire().await?;
         store::limit_set(&mut conn, scope, name, None, self.who(reason)).await
     }

@@ -182,7 +182,7 @@ async fn concurrency_cap(
     admin: &Admin,
 ) -> anyhow::Result<()> {
     let mut maxima = Samples::default();
-    let jobs = if s.quick { 2_000 } else { 20_000 };
+    let jobs = if s.quick { 500 } else { 2_000 };
     for rep in 0..s.reps {
         progress(&format!(
             "limits, repetition {}: concurrency 5 across 4 processes",
@@ -225,7 +225,7 @@ async fn concurrency_cap(
             w.go().await?;
         }
         let started = Instant::now();
-        while db.unfinished().await? && started.elapsed() < s.drain_cap * 3 {
+        while db.unfinished().await? && started.elapsed() < s.drain_cap {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         stop.store(true, Ordering::Relaxed);

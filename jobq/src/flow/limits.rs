@@ -360,89 +360,78 @@ pub(crate) async fn claim(
             retry_in: None,
         });
     }
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let mut keys: Vec<String> = limited
-        .iter()
-        .map(|k| format!("jobq.limit.kind:{k}"))
-        .collect();
+    let mut keys: Vec<i64> = limited.iter().map(|k| store::lock_key("kind", k)).collect();
     if queue_cap.is_some() {
-        keys.push(format!("jobq.limit.queue:{}", p.queue));
+        keys.push(store::lock_key("queue", p.queue));
     }
-    store::claim_lock(&mut tx, &keys).await?;
-    let usage = store::claim_usage(&mut tx, p.queue, &limited, p.now).await?;
-    let now = usage.now.or(p.now).unwrap_or_else(Utc::now);
-    let mut total = p.limit;
-    if let Some(cap) = queue_cap {
-        total = total.min(cap - usage.queue_running).max(0);
-    }
-    let running: HashMap<&str, i64> = usage
+    let mut tx = store::claim_begin(conn, &keys).await?;
+    let rule = |k: &String| limits.kinds.get(k);
+    let caps: Vec<Option<i64>> = p
         .kinds
         .iter()
-        .map(|(k, n, _)| (k.as_str(), *n))
+        .map(|k| rule(k).filter(|r| !r.per_key).and_then(|r| r.concurrency))
         .collect();
-    let kind_buckets: HashMap<&str, Option<BucketState>> = usage
+    let rates: Vec<Option<BucketRate>> = p
         .kinds
         .iter()
-        .map(|(k, _, b)| (k.as_str(), *b))
-        .collect();
-    let windows: Vec<i64> = p
-        .kinds
-        .iter()
-        .map(|k| match limits.kinds.get(k) {
-            None => total,
-            Some(rule) => window(
-                rule,
-                total,
-                running.get(k.as_str()).copied().unwrap_or(0),
-                kind_buckets.get(k.as_str()).copied().flatten().as_ref(),
-                now,
-            ),
+        .map(|k| match rule(k).and_then(|r| r.bucket) {
+            Some((rate, false)) => Some(rate),
+            _ => None,
         })
+        .collect();
+    let per_key: Vec<String> = filter_kinds(limits, |r| r.concurrency.is_some() && r.per_key);
+    let key_buckets: Vec<String> = filter_kinds(limits, |r| matches!(r.bucket, Some((_, true))));
+    let read = store::claim_candidates(
+        &mut tx,
+        &store::CandidateParams {
+            queue: p.queue,
+            kinds: p.kinds,
+            caps: &caps,
+            rates: &rates,
+            per_key_kinds: &per_key,
+            key_bucket_kinds: &key_buckets,
+            queue_cap,
+            limit: p.limit,
+            now: p.now,
+        },
+    )
+    .await?;
+    let now = read.now.or(p.now).unwrap_or_else(Utc::now);
+    let running: HashMap<&str, i64> = read
+        .kinds
+        .iter()
+        .map(|k| (k.kind.as_str(), k.running))
         .collect();
     // When a kind held back entirely may go again: its bucket's next token, or a
     // recheck for a full concurrency limit (a full queue holds back every kind).
-    let retry_in = p
+    let retry_in = read
         .kinds
         .iter()
-        .zip(&windows)
-        .filter(|(_, w)| **w <= 0)
-        .filter_map(|(k, _)| {
-            let rule = limits.kinds.get(k)?;
-            let full = total == 0
-                || rule.concurrency.is_some_and(|c| {
-                    !rule.per_key && running.get(k.as_str()).copied().unwrap_or(0) >= c
-                });
+        .filter(|u| u.window <= 0)
+        .filter_map(|u| {
+            let rule = limits.kinds.get(&u.kind)?;
+            let full = read.total == 0
+                || rule
+                    .concurrency
+                    .is_some_and(|c| !rule.per_key && u.running >= c);
             match rule.bucket {
                 _ if full => Some(LIMIT_RECHECK),
-                Some((rate, false)) => {
-                    let b = kind_buckets.get(k.as_str()).copied().flatten();
-                    (rate.next_token(b.as_ref(), now, 0) - now).to_std().ok()
-                }
+                Some((rate, false)) => (rate.next_token(u.bucket.as_ref(), now, 0) - now)
+                    .to_std()
+                    .ok(),
                 _ => None,
             }
         })
         .min()
-        .or((total == 0).then_some(LIMIT_RECHECK));
-    if windows.iter().all(|w| *w <= 0) {
-        tx.commit().await?;
-        return Ok(Claimed {
-            jobs: Vec::new(),
-            retry_in,
-        });
-    }
-    let per_key: Vec<String> = filter_kinds(limits, |r| r.concurrency.is_some() && r.per_key);
-    let key_buckets: Vec<String> = filter_kinds(limits, |r| matches!(r.bucket, Some((_, true))));
-    let candidates = store::claim_candidates(
-        &mut tx,
-        p.queue,
-        p.kinds,
-        &windows,
-        &per_key,
-        &key_buckets,
-        p.now,
-    )
-    .await?;
-    let plan = plan(now, &limits.kinds, &candidates, total, &running, defer);
+        .or((read.total == 0).then_some(LIMIT_RECHECK));
+    let plan = plan(
+        now,
+        &limits.kinds,
+        &read.candidates,
+        read.total,
+        &running,
+        defer,
+    );
     let jobs = if plan == ClaimPlan::default() {
         Vec::new()
     } else {
@@ -467,32 +456,6 @@ fn filter_kinds(limits: &Effective, f: impl Fn(&KindRule) -> bool) -> Vec<String
         .filter(|(_, r)| f(r))
         .map(|(k, _)| k.clone())
         .collect()
-}
-
-/// How many candidates of a limited kind a claim of `total` jobs reads: kind-wide limits
-/// bound it by the free slots and the tokens of the kind's bucket; per-key limits do not
-/// (their candidates over a key's limit are deferred, so the next claim reads others).
-pub(crate) fn window(
-    rule: &KindRule,
-    total: i64,
-    running: i64,
-    bucket: Option<&BucketState>,
-    now: DateTime<Utc>,
-) -> i64 {
-    let mut w = total;
-    if let Some(cap) = rule.concurrency
-        && !rule.per_key
-    {
-        w = w.min(cap - running);
-    }
-    if let Some((rate, false)) = rule.bucket {
-        let tokens = rate.available(bucket, now).floor();
-        if tokens < w as f64 {
-            // Below `w`, so it fits an i64.
-            w = tokens as i64;
-        }
-    }
-    w.max(0)
 }
 
 /// One bucket as a claim's plan charges it.
@@ -638,24 +601,6 @@ mod tests {
         assert_eq!(rate.available(Some(&throttled), at(30.0)), 1.0);
         // Default burst: the rate's count.
         assert_eq!(BucketRate::new(100, 60.0, None).burst, 100.0);
-    }
-
-    #[test]
-    fn kind_wide_limits_bound_the_window() {
-        let rule = KindRule {
-            concurrency: Some(5),
-            per_key: false,
-            bucket: Some((BucketRate::new(3, 1.0, None), false)),
-        };
-        assert_eq!(window(&rule, 10, 4, None, at(0.0)), 1);
-        assert_eq!(window(&rule, 10, 0, None, at(0.0)), 3);
-        assert_eq!(window(&rule, 10, 7, None, at(0.0)), 0);
-        let keyed = KindRule {
-            per_key: true,
-            bucket: Some((BucketRate::new(3, 1.0, None), true)),
-            ..rule
-        };
-        assert_eq!(window(&keyed, 10, 100, None, at(0.0)), 10);
     }
 
     #[test]

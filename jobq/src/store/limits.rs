@@ -448,80 +448,52 @@ impl BucketRate {
     }
 }
 
-/// Takes the advisory locks of a limited claim: one per key, in a fixed order (so two
-/// claims never wait for each other in a cycle), held until the transaction ends.
-pub(crate) async fn claim_lock(conn: &mut PgConnection, keys: &[String]) -> Result<(), Error> {
-    sqlx::query(
-        r#"
-        SELECT count(pg_advisory_xact_lock(k)) FROM (
-            SELECT DISTINCT hashtextextended(x, 0) AS k FROM unnest($1::text[]) x ORDER BY k
-        ) s
-        "#,
-    )
-    .bind(keys)
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(())
+/// Opens a limited claim's transaction and takes its advisory locks in the same round
+/// trip (one simple query): one per key, in increasing order (so two claims never wait
+/// for each other in a cycle), held until the transaction ends. The keys are numbers
+/// ([`lock_key`]), so nothing but digits is written into the SQL.
+pub(crate) async fn claim_begin<'c>(
+    conn: &'c mut PgConnection,
+    keys: &[i64],
+) -> Result<sqlx::Transaction<'c, sqlx::Postgres>, Error> {
+    let mut keys = keys.to_vec();
+    keys.sort_unstable();
+    keys.dedup();
+    let locks: Vec<String> = keys
+        .iter()
+        .map(|k| format!("pg_advisory_xact_lock({k})"))
+        .collect();
+    let sql = format!("BEGIN; SELECT {}", locks.join(", "));
+    Ok(sqlx::Connection::begin_with(conn, sqlx::AssertSqlSafe(sql)).await?)
 }
 
-/// Usage a limited claim needs before it picks candidates: the database's time, running
-/// jobs of each of `kinds` (all keys) and of `queue`, and the kind-wide bucket of each of
-/// `kinds`.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct ClaimUsage {
-    pub(crate) now: Option<DateTime<Utc>>,
-    pub(crate) queue_running: i64,
-    /// `(kind, running, kind-wide bucket)`.
-    pub(crate) kinds: Vec<(String, i64, Option<BucketState>)>,
-}
-
-/// Reads [`ClaimUsage`] (run after [`claim_lock`], so no other claim of these kinds or
-/// this queue commits meanwhile). Running rows are read through the partial lease index,
-/// so the cost is the number of running jobs, whatever the table holds.
-pub(crate) async fn claim_usage(
-    conn: &mut PgConnection,
-    queue: &str,
-    kinds: &[String],
-    now: Option<DateTime<Utc>>,
-) -> Result<ClaimUsage, Error> {
-    let rows = sqlx::query(
-        r#"
-        WITH k AS (SELECT unnest($2::text[]) AS kind),
-        run AS (
-            SELECT j.kind, j.queue FROM jobq.jobs j
-            WHERE j.state = 'running' AND j.locked_until IS NOT NULL
-        )
-        SELECT NULL::text AS kind,
-               (SELECT count(*) FROM run WHERE run.queue = $1) AS running,
-               NULL::float8 AS tokens, NULL::timestamptz AS refilled_at,
-               coalesce($3, now()) AS at
-        UNION ALL
-        SELECT k.kind, (SELECT count(*) FROM run WHERE run.kind = k.kind),
-               b.tokens, b.refilled_at, NULL
-        FROM k LEFT JOIN jobq.rate_buckets b ON b.kind = k.kind AND b.key = k.kind
-        "#,
-    )
-    .bind(queue)
-    .bind(kinds)
-    .bind(now)
-    .fetch_all(&mut *conn)
-    .await?;
-    let mut usage = ClaimUsage::default();
-    for row in rows {
-        let kind: Option<String> = row.try_get("kind")?;
-        let running: i64 = row.try_get("running")?;
-        match kind {
-            None => {
-                usage.queue_running = running;
-                usage.now = row.try_get("at")?;
-            }
-            Some(kind) => {
-                let bucket = bucket_of(&row)?;
-                usage.kinds.push((kind, running, bucket));
-            }
-        }
+/// The advisory-lock key of a limited kind or queue (`scope` is `kind` or `queue`): a
+/// 64-bit FNV-1a hash of `jobq.limit.<scope>:<name>`, the same on every node.
+pub(crate) fn lock_key(scope: &str, name: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in format!("jobq.limit.{scope}:{name}").bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    Ok(usage)
+    i64::from_ne_bytes(h.to_ne_bytes())
+}
+
+/// What a limited claim reads after its locks: for each served kind, its kind-wide
+/// limits (`None` where it has none or they count per key).
+#[derive(Debug, Clone)]
+pub(crate) struct CandidateParams<'a> {
+    pub(crate) queue: &'a str,
+    pub(crate) kinds: &'a [String],
+    /// The most jobs of each kind running at once (kind-wide concurrency limits).
+    pub(crate) caps: &'a [Option<i64>],
+    /// The kind-wide bucket of each kind: tokens per second and burst.
+    pub(crate) rates: &'a [Option<BucketRate>],
+    /// Kinds whose concurrency limit counts per key, and kinds with a bucket per key.
+    pub(crate) per_key_kinds: &'a [String],
+    pub(crate) key_bucket_kinds: &'a [String],
+    pub(crate) queue_cap: Option<i64>,
+    pub(crate) limit: i64,
+    pub(crate) now: Option<DateTime<Utc>>,
 }
 
 /// A due job a limited claim may take, with what its limits need to know.
@@ -538,72 +510,157 @@ pub(crate) struct Candidate {
     pub(crate) bucket: Option<BucketState>,
 }
 
-/// Locks up to `windows[i]` due jobs of `kinds[i]` in `queue` in claim order
-/// (`FOR UPDATE SKIP LOCKED`, one probe of the claim index per kind, as `job_claim`), with
-/// the running count of their concurrency key for `per_key_kinds` and the state of their
-/// bucket (per rate key for `key_bucket_kinds`). Nothing when the queue is paused.
+/// One served kind as a limited claim found it.
+#[derive(Debug, Clone)]
+pub(crate) struct KindUsage {
+    pub(crate) kind: String,
+    /// Running jobs of the kind (all keys, all queues).
+    pub(crate) running: i64,
+    /// Its kind-wide bucket.
+    pub(crate) bucket: Option<BucketState>,
+    /// How many candidates were read: the claim's size, fewer for the free slots or
+    /// tokens of kind-wide limits.
+    pub(crate) window: i64,
+}
+
+/// What [`claim_candidates`] read.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClaimRead {
+    /// The database's time.
+    pub(crate) now: Option<DateTime<Utc>>,
+    /// The claim's size within the queue's limit.
+    pub(crate) total: i64,
+    pub(crate) kinds: Vec<KindUsage>,
+    /// In claim order.
+    pub(crate) candidates: Vec<Candidate>,
+}
+
+/// Reads a limited claim's usage and locks its candidates in one statement (run after
+/// [`claim_begin`], so no other claim of these kinds or this queue commits meanwhile):
+/// running rows of the served kinds and the queue through the partial lease index (as
+/// many rows as run, whatever the table holds), the kind-wide buckets, and up to a window
+/// of due jobs per kind in claim order (`FOR UPDATE SKIP LOCKED`, one probe of the claim
+/// index per kind, as `job_claim`): the claim's size within the queue's limit, fewer for
+/// the free slots and tokens of kind-wide limits. Each candidate comes with the running
+/// count of its concurrency key (`per_key_kinds`) and its bucket (per rate key for
+/// `key_bucket_kinds`). No candidates when the queue is paused.
 pub(crate) async fn claim_candidates(
     conn: &mut PgConnection,
-    queue: &str,
-    kinds: &[String],
-    windows: &[i64],
-    per_key_kinds: &[String],
-    key_bucket_kinds: &[String],
-    now: Option<DateTime<Utc>>,
-) -> Result<Vec<Candidate>, Error> {
+    p: &CandidateParams<'_>,
+) -> Result<ClaimRead, Error> {
+    let per_sec: Vec<Option<f64>> = p.rates.iter().map(|r| r.map(|r| r.per_sec)).collect();
+    let burst: Vec<Option<f64>> = p.rates.iter().map(|r| r.map(|r| r.burst)).collect();
     let rows = sqlx::query(
         r#"
         WITH served AS (
-            SELECT * FROM unnest($2::text[], $3::int8[]) AS s(kind, win) WHERE win > 0
+            SELECT * FROM unnest($2::text[], $3::int8[], $4::float8[], $5::float8[])
+                AS s(kind, cap, per_sec, burst)
+        ),
+        clock AS (SELECT coalesce($8, now()) AS now),
+        run AS MATERIALIZED (
+            SELECT j.kind, j.queue, coalesce(j.concurrency_key, '') AS ckey, count(*) AS n
+            FROM jobq.jobs j
+            WHERE j.state = 'running' AND j.locked_until IS NOT NULL
+              AND (j.kind = ANY($2) OR j.queue = $1)
+            GROUP BY 1, 2, 3
+        ),
+        tot AS (
+            SELECT greatest(0, CASE WHEN $9::int8 IS NULL THEN $10::int8
+                                    ELSE least($10::int8, $9::int8 - coalesce(
+                                        (SELECT sum(n) FROM run WHERE queue = $1), 0)) END
+                   )::int8 AS n
+        ),
+        usage AS (
+            SELECT s.kind, k.running, b.tokens, b.refilled_at,
+                   greatest(0, least(
+                       (SELECT n FROM tot)::float8,
+                       coalesce((s.cap - k.running)::float8, 'Infinity'),
+                       CASE WHEN s.per_sec IS NULL THEN 'Infinity'::float8
+                            WHEN b.kind IS NULL THEN floor(s.burst)
+                            WHEN c.now < b.refilled_at THEN 0
+                            ELSE floor(least(s.burst, b.tokens + s.per_sec
+                                       * extract(epoch FROM c.now - b.refilled_at)::float8))
+                       END))::int8 AS win
+            FROM served s
+            CROSS JOIN clock c
+            CROSS JOIN LATERAL (
+                SELECT coalesce(sum(r.n), 0)::int8 AS running FROM run r WHERE r.kind = s.kind
+            ) k
+            LEFT JOIN jobq.rate_buckets b ON b.kind = s.kind AND b.key = s.kind
         ),
         cand AS MATERIALIZED (
-            SELECT c.* FROM served k
+            SELECT c.* FROM usage u
             CROSS JOIN LATERAL (
                 SELECT j.id, j.kind, j.priority, j.run_after, j.concurrency_key,
-                       CASE WHEN j.kind = ANY($5) THEN coalesce(j.rate_key, j.kind)
+                       CASE WHEN j.kind = ANY($7) THEN coalesce(j.rate_key, j.kind)
                             ELSE j.kind END AS bucket_key
                 FROM jobq.jobs j
-                WHERE j.state = 'pending' AND j.queue = $1 AND j.kind = k.kind
-                  AND j.run_after <= coalesce($6, now())
-                  AND (j.expires_at IS NULL OR j.expires_at > coalesce($6, now()))
+                WHERE j.state = 'pending' AND j.queue = $1 AND j.kind = u.kind
+                  AND j.run_after <= (SELECT now FROM clock)
+                  AND (j.expires_at IS NULL OR j.expires_at > (SELECT now FROM clock))
                 ORDER BY j.priority, j.run_after, j.id
-                LIMIT k.win
+                LIMIT u.win
                 FOR UPDATE SKIP LOCKED
             ) c
-            WHERE NOT EXISTS (SELECT 1 FROM jobq.queues q WHERE q.name = $1 AND q.paused)
+            WHERE u.win > 0
+              AND NOT EXISTS (SELECT 1 FROM jobq.queues q WHERE q.name = $1 AND q.paused)
         ),
-        run AS (
-            SELECT j.kind, coalesce(j.concurrency_key, '') AS ckey, count(*) AS n
-            FROM jobq.jobs j
-            WHERE j.state = 'running' AND j.locked_until IS NOT NULL AND j.kind = ANY($4)
-            GROUP BY 1, 2
+        keyed AS (
+            SELECT kind, ckey, sum(n)::int8 AS n FROM run WHERE kind = ANY($6) GROUP BY 1, 2
         )
-        SELECT c.id, c.kind, c.concurrency_key, c.bucket_key,
+        SELECT u.kind AS ukind, u.running, u.tokens AS ktokens, u.refilled_at AS krefilled,
+               u.win, (SELECT n FROM tot) AS total, (SELECT now FROM clock) AS at,
+               c.id, c.kind, c.concurrency_key, c.bucket_key,
                coalesce(r.n, 0)::int8 AS key_running, b.tokens, b.refilled_at
-        FROM cand c
-        LEFT JOIN run r ON r.kind = c.kind AND r.ckey = coalesce(c.concurrency_key, '')
+        FROM usage u
+        LEFT JOIN cand c ON c.kind = u.kind
+        LEFT JOIN keyed r ON r.kind = c.kind AND r.ckey = coalesce(c.concurrency_key, '')
         LEFT JOIN jobq.rate_buckets b ON b.kind = c.kind AND b.key = c.bucket_key
         ORDER BY c.priority, c.run_after, c.id
         "#,
     )
-    .bind(queue)
-    .bind(kinds)
-    .bind(windows)
-    .bind(per_key_kinds)
-    .bind(key_bucket_kinds)
-    .bind(now)
+    .bind(p.queue)
+    .bind(p.kinds)
+    .bind(p.caps)
+    .bind(&per_sec)
+    .bind(&burst)
+    .bind(p.per_key_kinds)
+    .bind(p.key_bucket_kinds)
+    .bind(p.now)
+    .bind(p.queue_cap)
+    .bind(p.limit)
     .fetch_all(&mut *conn)
     .await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let bucket = bucket_of(&row)?;
-        out.push(Candidate {
-            id: row.try_get("id")?,
+    let mut out = ClaimRead::default();
+    for row in &rows {
+        out.now = row.try_get("at")?;
+        out.total = row.try_get("total")?;
+        let kind: String = row.try_get("ukind")?;
+        if !out.kinds.iter().any(|k| k.kind == kind) {
+            let tokens: Option<f64> = row.try_get("ktokens")?;
+            let refilled_at: Option<DateTime<Utc>> = row.try_get("krefilled")?;
+            out.kinds.push(KindUsage {
+                kind,
+                running: row.try_get("running")?,
+                bucket: tokens
+                    .zip(refilled_at)
+                    .map(|(tokens, refilled_at)| BucketState {
+                        tokens,
+                        refilled_at,
+                    }),
+                window: row.try_get("win")?,
+            });
+        }
+        let Some(id) = row.try_get::<Option<i64>, _>("id")? else {
+            continue;
+        };
+        out.candidates.push(Candidate {
+            id,
             kind: row.try_get("kind")?,
             concurrency_key: row.try_get("concurrency_key")?,
             bucket_key: row.try_get("bucket_key")?,
             key_running: row.try_get("key_running")?,
-            bucket,
+            bucket: bucket_of(row)?,
         });
     }
     Ok(out)
