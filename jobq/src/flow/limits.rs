@@ -381,21 +381,30 @@ pub(crate) async fn claim(
         .collect();
     let per_key: Vec<String> = filter_kinds(limits, |r| r.concurrency.is_some() && r.per_key);
     let key_buckets: Vec<String> = filter_kinds(limits, |r| matches!(r.bucket, Some((_, true))));
-    let read = store::claim_candidates(
-        &mut tx,
-        &store::CandidateParams {
-            queue: p.queue,
-            kinds: p.kinds,
-            caps: &caps,
-            rates: &rates,
-            per_key_kinds: &per_key,
-            key_bucket_kinds: &key_buckets,
-            queue_cap,
-            limit: p.limit,
-            now: p.now,
-        },
-    )
-    .await?;
+    let params = store::CandidateParams {
+        queue: p.queue,
+        kinds: p.kinds,
+        caps: &caps,
+        rates: &rates,
+        per_key_kinds: &per_key,
+        key_bucket_kinds: &key_buckets,
+        queue_cap,
+        limit: p.limit,
+        lease_secs: p.lease_secs,
+        now: p.now,
+    };
+    // Kind-wide limits only: the windows are the whole decision, so one statement
+    // claims and charges.
+    let kind_wide = !p
+        .kinds
+        .iter()
+        .any(|k| per_key.contains(k) || key_buckets.contains(k));
+    let (claimed, read) = if kind_wide {
+        let (jobs, read) = store::claim_kind_wide(&mut tx, &params, p.worker).await?;
+        (Some(jobs), read)
+    } else {
+        (None, store::claim_candidates(&mut tx, &params).await?)
+    };
     let now = read.now.or(p.now).unwrap_or_else(Utc::now);
     let running: HashMap<&str, i64> = read
         .kinds
@@ -432,10 +441,10 @@ pub(crate) async fn claim(
         &running,
         defer,
     );
-    let jobs = if plan == ClaimPlan::default() {
-        Vec::new()
-    } else {
-        store::claim_apply(&mut tx, p, &plan).await?
+    let jobs = match claimed {
+        Some(jobs) => jobs,
+        None if plan == ClaimPlan::default() => Vec::new(),
+        None => store::claim_apply(&mut tx, p, &plan).await?,
     };
     tx.commit().await?;
     let deferred_only = jobs.is_empty() && !plan.defer.is_empty();

@@ -467,7 +467,7 @@ pub(crate) async fn job_claim(
         )
         UPDATE jobq.jobs j
         "#,
-        claim_set_sql!(),
+        claim_set_sql!("$5", "$6"),
         r#"
         FROM candidates c, served s
         WHERE j.id = c.id AND s.kind = j.kind

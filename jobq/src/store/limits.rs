@@ -493,6 +493,8 @@ pub(crate) struct CandidateParams<'a> {
     pub(crate) key_bucket_kinds: &'a [String],
     pub(crate) queue_cap: Option<i64>,
     pub(crate) limit: i64,
+    /// Each kind's lease in seconds.
+    pub(crate) lease_secs: &'a [f64],
     pub(crate) now: Option<DateTime<Utc>>,
 }
 
@@ -535,26 +537,18 @@ pub(crate) struct ClaimRead {
     pub(crate) candidates: Vec<Candidate>,
 }
 
-/// Reads a limited claim's usage and locks its candidates in one statement (run after
-/// [`claim_begin`], so no other claim of these kinds or this queue commits meanwhile):
-/// running rows of the served kinds and the queue through the partial lease index (as
-/// many rows as run, whatever the table holds), the kind-wide buckets, and up to a window
-/// of due jobs per kind in claim order (`FOR UPDATE SKIP LOCKED`, one probe of the claim
-/// index per kind, as `job_claim`): the claim's size within the queue's limit, fewer for
-/// the free slots and tokens of kind-wide limits. Each candidate comes with the running
-/// count of its concurrency key (`per_key_kinds`) and its bucket (per rate key for
-/// `key_bucket_kinds`). No candidates when the queue is paused.
-pub(crate) async fn claim_candidates(
-    conn: &mut PgConnection,
-    p: &CandidateParams<'_>,
-) -> Result<ClaimRead, Error> {
-    let per_sec: Vec<Option<f64>> = p.rates.iter().map(|r| r.map(|r| r.per_sec)).collect();
-    let burst: Vec<Option<f64>> = p.rates.iter().map(|r| r.map(|r| r.burst)).collect();
-    let rows = sqlx::query(
+/// The CTEs both limited claims share (`served`, `clock`, `run`, `tot`, `usage`,
+/// `cand`): the served kinds with their kind-wide limits and leases, the database's
+/// time, running rows of the kinds and the queue, the claim's size within the queue's
+/// limit, each kind's usage and window, and the candidates locked in claim order.
+/// Parameters as [`claim_candidates`] binds them.
+macro_rules! limited_cte_sql {
+    () => {
         r#"
         WITH served AS (
-            SELECT * FROM unnest($2::text[], $3::int8[], $4::float8[], $5::float8[])
-                AS s(kind, cap, per_sec, burst)
+            SELECT * FROM unnest($2::text[], $3::int8[], $4::float8[], $5::float8[],
+                                 $11::float8[])
+                AS s(kind, cap, per_sec, burst, lease)
         ),
         clock AS (SELECT coalesce($8, now()) AS now),
         run AS MATERIALIZED (
@@ -571,22 +565,26 @@ pub(crate) async fn claim_candidates(
                    )::int8 AS n
         ),
         usage AS (
-            SELECT s.kind, k.running, b.tokens, b.refilled_at,
-                   greatest(0, least(
+            SELECT a.*, greatest(0, least(
                        (SELECT n FROM tot)::float8,
-                       coalesce((s.cap - k.running)::float8, 'Infinity'),
-                       CASE WHEN s.per_sec IS NULL THEN 'Infinity'::float8
-                            WHEN b.kind IS NULL THEN floor(s.burst)
-                            WHEN c.now < b.refilled_at THEN 0
-                            ELSE floor(least(s.burst, b.tokens + s.per_sec
-                                       * extract(epoch FROM c.now - b.refilled_at)::float8))
-                       END))::int8 AS win
+                       coalesce((a.cap - a.running)::float8, 'Infinity'),
+                       floor(coalesce(a.avail, 'Infinity'))))::int8 AS win
+            FROM (
+            SELECT s.kind, s.cap, k.running, b.tokens, b.refilled_at,
+                   -- The kind-wide bucket's tokens now (`BucketRate::available`).
+                   CASE WHEN s.per_sec IS NULL THEN NULL
+                        WHEN b.kind IS NULL THEN s.burst
+                        WHEN c.now < b.refilled_at THEN 0
+                        ELSE least(s.burst, b.tokens + s.per_sec
+                                   * extract(epoch FROM c.now - b.refilled_at)::float8)
+                   END AS avail
             FROM served s
             CROSS JOIN clock c
             CROSS JOIN LATERAL (
                 SELECT coalesce(sum(r.n), 0)::int8 AS running FROM run r WHERE r.kind = s.kind
             ) k
             LEFT JOIN jobq.rate_buckets b ON b.kind = s.kind AND b.key = s.kind
+            ) a
         ),
         cand AS MATERIALIZED (
             SELECT c.* FROM usage u
@@ -604,7 +602,131 @@ pub(crate) async fn claim_candidates(
             ) c
             WHERE u.win > 0
               AND NOT EXISTS (SELECT 1 FROM jobq.queues q WHERE q.name = $1 AND q.paused)
+        )
+        "#
+    };
+}
+
+/// Reads the usage columns of a limited claim's row (`ukind` … `at`) into `out`, once
+/// per kind.
+fn read_usage(row: &sqlx::postgres::PgRow, out: &mut ClaimRead) -> Result<(), Error> {
+    out.now = row.try_get("at")?;
+    out.total = row.try_get("total")?;
+    let Some(kind) = row.try_get::<Option<String>, _>("ukind")? else {
+        return Ok(());
+    };
+    if !out.kinds.iter().any(|k| k.kind == kind) {
+        let tokens: Option<f64> = row.try_get("ktokens")?;
+        let refilled_at: Option<DateTime<Utc>> = row.try_get("krefilled")?;
+        out.kinds.push(KindUsage {
+            kind,
+            running: row.try_get("running")?,
+            bucket: tokens
+                .zip(refilled_at)
+                .map(|(tokens, refilled_at)| BucketState {
+                    tokens,
+                    refilled_at,
+                }),
+            window: row.try_get("win")?,
+        });
+    }
+    Ok(())
+}
+
+/// A limited claim of kinds whose limits are all kind-wide (no per-key concurrency, no
+/// per-key bucket), in one statement: as [`claim_candidates`], then the candidates in
+/// claim order up to the claim's size are claimed (the windows already hold them to the
+/// free slots and tokens) and each kind-wide bucket is charged what was taken (a bucket
+/// throttled meanwhile is kept). Returns the claimed jobs and the usage.
+pub(crate) async fn claim_kind_wide(
+    conn: &mut PgConnection,
+    p: &CandidateParams<'_>,
+    worker: &str,
+) -> Result<(Vec<ClaimedJob>, ClaimRead), Error> {
+    let per_sec: Vec<Option<f64>> = p.rates.iter().map(|r| r.map(|r| r.per_sec)).collect();
+    let burst: Vec<Option<f64>> = p.rates.iter().map(|r| r.map(|r| r.burst)).collect();
+    let rows = sqlx::query(concat!(
+        limited_cte_sql!(),
+        r#",
+        pick AS (
+            SELECT id FROM cand ORDER BY priority, run_after, id LIMIT (SELECT n FROM tot)
         ),
+        claimed AS (
+            UPDATE jobq.jobs j
+            "#,
+        claim_set_sql!("$12", "$8"),
+        r#"
+            FROM pick t, served s
+            WHERE j.id = t.id AND s.kind = j.kind
+            "#,
+        claim_returning_sql!(),
+        r#"
+        ),
+        charged AS (
+            INSERT INTO jobq.rate_buckets AS b (kind, key, tokens, refilled_at)
+            SELECT u.kind, u.kind, u.avail - t.n, (SELECT now FROM clock)
+            FROM usage u JOIN (SELECT kind, count(*) AS n FROM claimed GROUP BY kind) t
+                ON t.kind = u.kind
+            WHERE u.avail IS NOT NULL
+            ON CONFLICT (kind, key) DO UPDATE
+            SET tokens = EXCLUDED.tokens, refilled_at = EXCLUDED.refilled_at
+            WHERE b.refilled_at <= EXCLUDED.refilled_at
+        )
+        SELECT c.*, NULL::text AS ukind, NULL::int8 AS running, NULL::float8 AS ktokens,
+               NULL::timestamptz AS krefilled, NULL::int8 AS win,
+               (SELECT n FROM tot) AS total, (SELECT now FROM clock) AS at
+        FROM claimed c
+        UNION ALL
+        SELECT NULL::int8, NULL::int8, NULL::int4, NULL::int4, NULL::text, NULL::text,
+               NULL::text, NULL::int2, NULL::timestamptz, NULL::int4, NULL::float8,
+               u.kind, u.running, u.tokens, u.refilled_at, u.win,
+               (SELECT n FROM tot), (SELECT now FROM clock)
+        FROM usage u
+        "#
+    ))
+    .bind(p.queue)
+    .bind(p.kinds)
+    .bind(p.caps)
+    .bind(&per_sec)
+    .bind(&burst)
+    .bind(p.per_key_kinds)
+    .bind(p.key_bucket_kinds)
+    .bind(p.now)
+    .bind(p.queue_cap)
+    .bind(p.limit)
+    .bind(p.lease_secs)
+    .bind(worker)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut read = ClaimRead::default();
+    let mut jobs = Vec::new();
+    for row in rows {
+        read_usage(&row, &mut read)?;
+        if row.try_get::<Option<i64>, _>("id")?.is_some() {
+            jobs.push(row);
+        }
+    }
+    Ok((claimed_from_rows(jobs)?, read))
+}
+
+/// Reads a limited claim's usage and locks its candidates in one statement (run after
+/// [`claim_begin`], so no other claim of these kinds or this queue commits meanwhile):
+/// running rows of the served kinds and the queue through the partial lease index (as
+/// many rows as run, whatever the table holds), the kind-wide buckets, and up to a window
+/// of due jobs per kind in claim order (`FOR UPDATE SKIP LOCKED`, one probe of the claim
+/// index per kind, as `job_claim`): the claim's size within the queue's limit, fewer for
+/// the free slots and tokens of kind-wide limits. Each candidate comes with the running
+/// count of its concurrency key (`per_key_kinds`) and its bucket (per rate key for
+/// `key_bucket_kinds`). No candidates when the queue is paused.
+pub(crate) async fn claim_candidates(
+    conn: &mut PgConnection,
+    p: &CandidateParams<'_>,
+) -> Result<ClaimRead, Error> {
+    let per_sec: Vec<Option<f64>> = p.rates.iter().map(|r| r.map(|r| r.per_sec)).collect();
+    let burst: Vec<Option<f64>> = p.rates.iter().map(|r| r.map(|r| r.burst)).collect();
+    let rows = sqlx::query(concat!(
+        limited_cte_sql!(),
+        r#",
         keyed AS (
             SELECT kind, ckey, sum(n)::int8 AS n FROM run WHERE kind = ANY($6) GROUP BY 1, 2
         )
@@ -617,8 +739,8 @@ pub(crate) async fn claim_candidates(
         LEFT JOIN keyed r ON r.kind = c.kind AND r.ckey = coalesce(c.concurrency_key, '')
         LEFT JOIN jobq.rate_buckets b ON b.kind = c.kind AND b.key = c.bucket_key
         ORDER BY c.priority, c.run_after, c.id
-        "#,
-    )
+        "#
+    ))
     .bind(p.queue)
     .bind(p.kinds)
     .bind(p.caps)
@@ -629,28 +751,12 @@ pub(crate) async fn claim_candidates(
     .bind(p.now)
     .bind(p.queue_cap)
     .bind(p.limit)
+    .bind(p.lease_secs)
     .fetch_all(&mut *conn)
     .await?;
     let mut out = ClaimRead::default();
     for row in &rows {
-        out.now = row.try_get("at")?;
-        out.total = row.try_get("total")?;
-        let kind: String = row.try_get("ukind")?;
-        if !out.kinds.iter().any(|k| k.kind == kind) {
-            let tokens: Option<f64> = row.try_get("ktokens")?;
-            let refilled_at: Option<DateTime<Utc>> = row.try_get("krefilled")?;
-            out.kinds.push(KindUsage {
-                kind,
-                running: row.try_get("running")?,
-                bucket: tokens
-                    .zip(refilled_at)
-                    .map(|(tokens, refilled_at)| BucketState {
-                        tokens,
-                        refilled_at,
-                    }),
-                window: row.try_get("win")?,
-            });
-        }
+        read_usage(row, &mut out)?;
         let Some(id) = row.try_get::<Option<i64>, _>("id")? else {
             continue;
         };
@@ -712,7 +818,7 @@ pub(crate) async fn claim_apply(
         )
         UPDATE jobq.jobs j
         "#,
-        claim_set_sql!(),
+        claim_set_sql!("$5", "$6"),
         r#"
         FROM unnest($4::int8[]) AS t(id), served s
         -- `deferred` and `charged` run to completion though nothing reads them.

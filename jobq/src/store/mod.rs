@@ -49,19 +49,21 @@ macro_rules! state_sql {
 }
 
 /// The `SET` of a claim's `UPDATE jobq.jobs j`: running, one more attempt, a new lease
-/// generation, the lease of the kind (`s.lease`, from the `served` CTE), worker `$5`,
-/// clock `$6`. Both claims (`job_claim`, `claim_apply`) use it, so a claimed row is the
-/// same whichever claimed it.
+/// generation, the lease of the kind (`s.lease`, from the `served` CTE), the worker and
+/// the clock at the given parameters. Every claim (`job_claim`, `claim_apply`,
+/// `claim_kind_wide`) uses it, so a claimed row is the same whichever claimed it.
 macro_rules! claim_set_sql {
-    () => {
-        r#"
-        SET state = 'running',
-            attempts = j.attempts + 1,
-            lease_gen = j.lease_gen + 1,
-            locked_until = coalesce($6, now()) + make_interval(secs => s.lease),
-            locked_by = $5,
-            started_at = coalesce($6, now())
-        "#
+    ($worker:literal, $now:literal) => {
+        concat!(
+            "SET state = 'running', attempts = j.attempts + 1, lease_gen = j.lease_gen + 1, ",
+            "locked_until = coalesce(",
+            $now,
+            ", now()) + make_interval(secs => s.lease), locked_by = ",
+            $worker,
+            ", started_at = coalesce(",
+            $now,
+            ", now())"
+        )
     };
 }
 
