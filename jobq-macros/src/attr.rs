@@ -18,12 +18,13 @@ const KEYS: &str = "`kind`, `name`, `retry`, `idempotency`, `queue`, `priority`,
                     `max_age`, `version`, `concurrency`, `concurrency_key`, `rate`, \
                     `rate_key`, `burst`, `crate`";
 
-/// The longest kind and queue names the runtime accepts (`jobq::MAX_KIND_LEN`,
-/// `jobq::MAX_QUEUE_LEN`).
-const MAX_KIND_LEN: usize = 200;
-const MAX_QUEUE_LEN: usize = 100;
-/// The shortest lease the runtime can keep alive with heartbeats.
-const MIN_LEASE: Millis = Millis(300);
+/// The longest kind and queue names the runtime accepts, and its shortest lease, checked
+/// here for errors that point at the token. They are jobq's `MAX_KIND_LEN`,
+/// `MAX_QUEUE_LEN` and `MIN_LEASE`: every expansion asserts at compile time that the two
+/// crates agree ([`crate::expand`]), so neither can change alone.
+pub(crate) const MAX_KIND_LEN: usize = 200;
+pub(crate) const MAX_QUEUE_LEN: usize = 100;
+pub(crate) const MIN_LEASE: Millis = Millis(300);
 
 /// A value and the span of the token it came from.
 pub(crate) struct Spanned<T> {

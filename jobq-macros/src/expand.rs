@@ -187,7 +187,19 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
         kind.value()
     );
 
+    let (max_kind, max_queue) = (crate::attr::MAX_KIND_LEN, crate::attr::MAX_QUEUE_LEN);
+    let min_lease_ms = u128::from(crate::attr::MIN_LEASE.0);
     quote! {
+        // The limits this macro checked against are jobq's own.
+        const _: () = {
+            ::core::assert!(
+                #p::MAX_KIND_LEN == #max_kind
+                    && #p::MAX_QUEUE_LEN == #max_queue
+                    && #p::MIN_LEASE.as_millis() == #min_lease_ms,
+                "jobq and jobq-macros disagree on MAX_KIND_LEN, MAX_QUEUE_LEN or MIN_LEASE: use the same version of both"
+            );
+        };
+
         #cfg
         #doc
         #[derive(::core::fmt::Debug, ::core::clone::Clone, ::core::marker::Copy)]

@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use tracing::Instrument;
 
 use crate::context::JobContext;
 use crate::error::{Classify, Error};
@@ -31,6 +32,8 @@ pub const MAX_KIND_LEN: usize = 200;
 pub const MAX_QUEUE_LEN: usize = 100;
 /// The longest idempotency key accepted.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 500;
+/// The shortest lease a job type may have: heartbeats cannot keep a shorter one alive.
+pub const MIN_LEASE: Duration = Duration::from_millis(300);
 
 /// A job type: its kind, arguments, error, policies and handler.
 ///
@@ -224,6 +227,7 @@ pub trait Job: Send + Sync + 'static {
             .into_iter()
             .map(EnqueueBuilder::into_new_job)
             .collect();
+        let (span, prepared) = crate::trace::enqueue_span(Self::KIND, prepared);
         let conn = conn.into();
         async move {
             let jobs = prepared?;
@@ -240,6 +244,7 @@ pub trait Job: Send + Sync + 'static {
             target.inserted(tx, due).await?;
             Ok(done)
         }
+        .instrument(span)
     }
 }
 
@@ -433,7 +438,9 @@ impl<J: Job> EnqueueBuilder<J> {
         conn: impl Into<Conn<'c>>,
     ) -> impl Future<Output = Result<Enqueued, Error>> + Send {
         let wake = self.wake;
-        let prepared = self.into_new_job();
+        let (span, prepared) =
+            crate::trace::enqueue_span(J::KIND, self.into_new_job().map(|job| vec![job]));
+        let prepared = prepared.map(|mut jobs| jobs.remove(0));
         let conn = conn.into();
         async move {
             let job = prepared?;
@@ -447,6 +454,7 @@ impl<J: Job> EnqueueBuilder<J> {
             target.inserted(tx, due).await?;
             Ok(e)
         }
+        .instrument(span)
     }
 
     /// Serializes and checks the job as enqueue would, without touching the database:
@@ -497,6 +505,7 @@ impl<J: Job> EnqueueBuilder<J> {
             delay_secs: delay.map(|d| d.as_secs_f64()),
             idempotency_key,
             time: self.time_opts(on_conflict, unique.as_ref())?,
+            trace_context: None,
         };
         job.validate()?;
         Ok(job)

@@ -70,6 +70,7 @@ mod retry;
 mod runtime;
 pub mod stats;
 mod store;
+mod trace;
 #[cfg(feature = "web")]
 pub mod web;
 
@@ -78,7 +79,7 @@ pub use error::{Classification, Classify, Disposition, Error, JobError};
 pub use flow::limits::{KindLimits, Rate};
 pub use job::{
     Conn, DecodeError, EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN,
-    MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN, Replace, Unique, UniqueState, Upgrade,
+    MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN, MIN_LEASE, Replace, Unique, UniqueState, Upgrade,
 };
 /// Declares a job from an async handler.
 ///
@@ -316,8 +317,8 @@ pub mod __private {
     pub use crate::error::{Classification, Classify, Disposition, Error};
     pub use crate::flow::limits::{KindLimits, Rate};
     pub use crate::job::{
-        Conn, DecodeError, EnqueueBuilder, Enqueued, Job, Replace, Unique, UniqueState, Upgrade,
-        decode_as,
+        Conn, DecodeError, EnqueueBuilder, Enqueued, Job, MAX_KIND_LEN, MAX_QUEUE_LEN, MIN_LEASE,
+        Replace, Unique, UniqueState, Upgrade, decode_as,
     };
     pub use crate::maintenance::{Missed, Schedule};
     pub use crate::outbox::EventData;

@@ -9,6 +9,7 @@
 use sqlx::PgPool;
 
 use crate::error::Error;
+use crate::store;
 
 /// One migration: a version, a name, and its SQL (from `migrations/` at the repository
 /// root, embedded at compile time).
@@ -64,10 +65,12 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "limits",
         sql: include_str!("../migrations/0009_limits.sql"),
     },
+    Migration {
+        version: 10,
+        name: "traces",
+        sql: include_str!("../migrations/0010_traces.sql"),
+    },
 ];
-
-/// An advisory-lock key only jobq's migrations use ("jobq" in ASCII).
-const MIGRATE_LOCK: i64 = 0x6a6f_6271;
 
 /// Applies every migration not yet applied, in one transaction.
 ///
@@ -77,40 +80,12 @@ const MIGRATE_LOCK: i64 = 0x6a6f_6271;
 /// database cannot be reached. Nothing is applied when an error is returned.
 pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(MIGRATE_LOCK)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::raw_sql(
-        "CREATE SCHEMA IF NOT EXISTS jobq;
-         CREATE TABLE IF NOT EXISTS jobq.schema_migrations (
-             version    bigint      PRIMARY KEY,
-             name       text        NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now()
-         );",
-    )
-    .execute(&mut *tx)
-    .await?;
-    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM jobq.schema_migrations")
-        .fetch_all(&mut *tx)
-        .await?;
+    let applied = store::migrations_begin(&mut tx).await?;
     for m in MIGRATIONS {
         if applied.contains(&m.version) {
             continue;
         }
-        sqlx::raw_sql(m.sql)
-            .execute(&mut *tx)
-            .await
-            .map_err(|source| Error::Migrate {
-                version: m.version,
-                name: m.name,
-                source,
-            })?;
-        sqlx::query("INSERT INTO jobq.schema_migrations (version, name) VALUES ($1, $2)")
-            .bind(m.version)
-            .bind(m.name)
-            .execute(&mut *tx)
-            .await?;
+        store::migration_apply(&mut tx, m.version, m.name, m.sql).await?;
         tracing::info!(version = m.version, name = m.name, "jobq migration applied");
     }
     tx.commit().await?;

@@ -229,6 +229,15 @@ async fn replay_cancel_retry_pause_resume_and_prune() {
     assert!(
         ok(&url, &["cancel", "2", "3", "--yes"]).contains("job 3 cancelled: pending -> cancelled")
     );
+    // A bulk cancel that stops on an error still reports what it cancelled before it.
+    let out = jobq(&url, &["cancel", "4", "999999", "18", "--yes"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("job 4 cancelled: pending -> cancelled"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("stopped at job 999999 after cancelling 1 job(s)"),
+        "{stderr}"
+    );
 
     // Retry now: the report job waiting for its retry (id 17).
     assert!(ok(&url, &["retry-now", "17"]).contains("job 17 is due now"));
@@ -263,6 +272,7 @@ async fn replay_cancel_retry_pause_resume_and_prune() {
             "resume",
             "pause",
             "retry_now",
+            "cancel",
             "cancel",
             "cancel",
             "cancel",

@@ -1,5 +1,7 @@
 //! Shared helpers and job types for jobq's workspace-level tests.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -23,6 +25,61 @@ where
     }
 }
 
+/// A test's hold on its handlers, given to the runtime with `.state(gate.clone())`:
+/// handlers report their starts and wait until the test releases them, as a handler gets
+/// any dependency (`ctx.state::<Arc<Gate>>()`), with no global state between tests.
+#[derive(Debug, Default)]
+pub struct Gate {
+    started: AtomicU32,
+    released: AtomicU32,
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Arc<Gate> {
+        Arc::default()
+    }
+
+    /// The gate in `ctx`'s runtime state; a permanent `no_gate` failure when the test
+    /// gave none.
+    pub fn of(ctx: &jobq::JobContext) -> Result<&Arc<Gate>, jobq::JobError> {
+        ctx.state::<Arc<Gate>>()
+            .ok_or_else(|| jobq::JobError::permanent("no_gate", "the runtime holds no Gate"))
+    }
+
+    /// Counts one more start.
+    pub fn count_start(&self) {
+        self.started.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Records that attempt `n` started (the count is the highest attempt seen).
+    pub fn start_attempt(&self, n: u32) {
+        self.started.fetch_max(n, Ordering::SeqCst);
+    }
+
+    /// Starts counted (or the highest attempt recorded).
+    pub fn started(&self) -> u32 {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Lets handlers waiting for `n` (or less) go.
+    pub fn release(&self, n: u32) {
+        self.released.fetch_max(n, Ordering::SeqCst);
+    }
+
+    /// Whether `n` has been released.
+    pub fn is_released(&self, n: u32) -> bool {
+        self.released.load(Ordering::SeqCst) >= n
+    }
+
+    /// Waits until `n` is released.
+    pub async fn wait(&self, n: u32) {
+        while !self.is_released(n) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
 /// Installs a compact tracing subscriber once (honours `RUST_LOG`, default `warn`).
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
@@ -32,6 +89,31 @@ pub fn init_tracing() {
         )
         .with_test_writer()
         .try_init();
+}
+
+/// Starts the runtime `builder` describes (with its registrations), waits until every job
+/// of `ids` is `done` or `failed` (60 s each at most, else panics), and shuts it down.
+pub async fn run_until_finished(
+    builder: jobq::RuntimeBuilder,
+    pool: &sqlx::PgPool,
+    ids: &[jobq::JobId],
+) {
+    let rt = builder
+        .queue("default", 2)
+        .poll_interval(Duration::from_millis(50))
+        .build()
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    for id in ids {
+        let finished = eventually(Duration::from_secs(60), || async {
+            matches!(job_state(pool, *id).await.0.as_str(), "done" | "failed")
+        })
+        .await;
+        assert!(finished, "job {id} never finished");
+    }
+    rt.shutdown().await;
 }
 
 /// The state and attempts of job `id`.

@@ -423,11 +423,27 @@ async fn a_failed_job_shows_its_error_history() -> anyhow::Result<()> {
         .await
     );
     rt.shutdown().await;
+    // As the `otel` feature stores it when the job was enqueued in a traced request.
+    sqlx::query(
+        r#"UPDATE jobq.jobs SET trace_context =
+           '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}'
+           WHERE id = $1"#,
+    )
+    .bind(id.0)
+    .execute(pool)
+    .await?;
 
-    let server = Server::start(pool, WebConfig::new()).await;
+    let config = WebConfig::new().trace_url("https://traces.example/trace/{trace_id}");
+    let server = Server::start(pool, config).await;
     let b = Browser::start().await;
     b.goto(&server.url(None, &format!("/jobs/{id}"))).await;
     assert_eq!(b.text("#job-state").await, "failed");
+    let trace = b.element("#trace a").await;
+    assert_eq!(trace.text().await?, "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(
+        trace.attr("href").await?.as_deref(),
+        Some("https://traces.example/trace/4bf92f3577b34da6a3ce929d0e0e4736")
+    );
     let entries = b.client.find_all(Locator::Css("#errors li")).await?;
     let mut texts = Vec::new();
     for e in entries {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use jobq::maintenance::{Leader, PruneReport, Pruner, PrunerConfig, Retention, WorkerHeartbeat};
+use jobq::maintenance::{Leader, PruneReport, Pruner, PrunerConfig, Retention, WorkerPresence};
 use jobq::stats::{StatsOptions, stats_with};
 use jobq_testing::TestDatabase;
 use sqlx::PgPool;
@@ -69,7 +69,7 @@ async fn stats_on_a_seeded_table_give_the_known_answers() -> anyhow::Result<()> 
     )
     .await;
     // One live worker serves q1 with 4 slots, kind a with a 60 s lease.
-    WorkerHeartbeat::new(
+    WorkerPresence::new(
         pool.clone(),
         "w1",
         [("q1", 4)],

@@ -2,14 +2,13 @@
 //! audit rows, rate-bounded bulk replay, pausing with jobs in flight, and retry-now and
 //! payload correction.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use jobq::admin::{Admin, BulkReplay, Filter};
 use jobq::{Job, JobContext, JobError, JobId, RetryPolicy, Runtime};
 use jobq_testing::TestDatabase;
 use sqlx::PgPool;
-use tests::{N, eventually, init_tracing, job_state};
+use tests::{Gate, N, eventually, init_tracing, job_state};
 
 /// A worker that neither reaps, prunes nor heartbeats its leases (so a test decides when a
 /// lease expires).
@@ -54,10 +53,7 @@ async fn audit(pool: &PgPool) -> Vec<Audit> {
     .unwrap()
 }
 
-static STALE_STARTED: AtomicU32 = AtomicU32::new(0);
-static STALE_RELEASED: AtomicU32 = AtomicU32::new(0);
-
-/// Attempt n waits until the test releases attempt n. Attempt 1 then fails permanently
+/// Attempt n waits until the test releases attempt n (through the runtime's [`Gate`]). Attempt 1 then fails permanently
 /// (so a stale write, if applied, would fail the job); later attempts succeed.
 struct Gated;
 
@@ -67,10 +63,9 @@ impl Job for Gated {
     type Args = N;
     type Error = JobError;
     async fn run(ctx: JobContext, _args: N) -> Result<(), JobError> {
-        STALE_STARTED.fetch_max(ctx.attempt(), Ordering::SeqCst);
-        while STALE_RELEASED.load(Ordering::SeqCst) < ctx.attempt() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let gate = Gate::of(&ctx)?;
+        gate.start_attempt(ctx.attempt());
+        gate.wait(ctx.attempt()).await;
         if ctx.attempt() == 1 {
             return Err(JobError::permanent(
                 "stale_attempt",
@@ -87,8 +82,10 @@ async fn replay_racing_a_stale_lease_holder_changes_nothing_it_should_not() -> a
     let db = TestDatabase::new().await?;
     let pool = db.pool();
     let queue = "stale";
+    let gate = Gate::new();
     let rt = worker(pool, queue, 2)
         .register::<Gated>()
+        .state(gate.clone())
         .heartbeat_interval(Duration::from_secs(3600))
         .build()?
         .start()
@@ -125,16 +122,11 @@ async fn replay_racing_a_stale_lease_holder_changes_nothing_it_should_not() -> a
     let t = admin.replay(job.id, Some("worker was partitioned")).await?;
     assert_eq!((t.before.as_str(), t.after.as_str()), ("failed", "pending"));
     // The worker claims it again as attempt 2, which waits.
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            STALE_STARTED.load(Ordering::SeqCst) == 2
-        })
-        .await
-    );
+    assert!(eventually(Duration::from_secs(10), || async { gate.started() == 2 }).await);
     assert_eq!(job_state(pool, job.id).await, ("running".to_owned(), 2));
 
     // Attempt 1 finally fails permanently: its fenced write must not touch attempt 2.
-    STALE_RELEASED.store(1, Ordering::SeqCst);
+    gate.release(1);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(job_state(pool, job.id).await, ("running".to_owned(), 2));
     let (code, errors): (Option<String>, serde_json::Value) =
@@ -145,7 +137,7 @@ async fn replay_racing_a_stale_lease_holder_changes_nothing_it_should_not() -> a
     assert_eq!(code.as_deref(), Some("lease_expired"));
     assert_eq!(errors.as_array().map(Vec::len), Some(1), "{errors}");
 
-    STALE_RELEASED.store(2, Ordering::SeqCst);
+    gate.release(2);
     assert!(wait_state(pool, job.id, "done").await);
     let (key, max_attempts): (Option<String>, i32) =
         sqlx::query_as("SELECT idempotency_key, max_attempts FROM jobq.jobs WHERE id = $1")
@@ -177,16 +169,16 @@ async fn replay_racing_a_stale_lease_holder_changes_nothing_it_should_not() -> a
     Ok(())
 }
 
-/// Waits for its context's cancellation, then fails retryably; or succeeds when released.
+/// Waits for its context's cancellation, then fails retryably; or succeeds when its
+/// [`Gate`] is released.
 struct Cancellable;
-
-static CANCELLABLE_RELEASED: AtomicU32 = AtomicU32::new(0);
 
 impl Job for Cancellable {
     const KIND: &'static str = "cancellable";
     type Args = N;
     type Error = JobError;
     async fn run(ctx: JobContext, _args: N) -> Result<(), JobError> {
+        let gate = Gate::of(&ctx)?;
         loop {
             if ctx.is_cancelled() {
                 return Err(JobError::retryable(
@@ -194,7 +186,7 @@ impl Job for Cancellable {
                     "cancelled by an operator",
                 ));
             }
-            if CANCELLABLE_RELEASED.load(Ordering::SeqCst) > 0 {
+            if gate.is_released(1) {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -208,6 +200,7 @@ async fn cancel_pending_failed_and_running_jobs_with_audit() -> anyhow::Result<(
     let db = TestDatabase::new().await?;
     let pool = db.pool();
     let admin = Admin::new(pool.clone()).actor("bob");
+    let gate = Gate::new();
 
     // Pending (scheduled for later, on an unserved queue) and failed jobs: at once.
     let pending = Cancellable::with(N { n: 1 })
@@ -247,6 +240,7 @@ async fn cancel_pending_failed_and_running_jobs_with_audit() -> anyhow::Result<(
     // rather than retried.
     let rt = worker(pool, "cancel", 1)
         .register::<Cancellable>()
+        .state(gate.clone())
         .heartbeat_interval(Duration::from_millis(100))
         .build()?
         .start()
@@ -276,7 +270,7 @@ async fn cancel_pending_failed_and_running_jobs_with_audit() -> anyhow::Result<(
         (t.before.as_str(), t.after.as_str()),
         ("cancelled", "pending")
     );
-    CANCELLABLE_RELEASED.store(1, Ordering::SeqCst);
+    gate.release(1);
     assert!(wait_state(pool, running.id, "done").await);
     rt.shutdown().await;
 
@@ -427,10 +421,7 @@ async fn bulk_replay_by_filter_is_rate_bounded_and_audited() -> anyhow::Result<(
     Ok(())
 }
 
-static PAUSE_RELEASED: AtomicU32 = AtomicU32::new(0);
-static PAUSE_STARTED: AtomicU32 = AtomicU32::new(0);
-
-/// Waits until the test releases it.
+/// Waits until the test releases its [`Gate`].
 struct Held;
 
 impl Job for Held {
@@ -438,11 +429,10 @@ impl Job for Held {
     const QUEUE: &'static str = "work";
     type Args = N;
     type Error = JobError;
-    async fn run(_ctx: JobContext, _args: N) -> Result<(), JobError> {
-        PAUSE_STARTED.fetch_add(1, Ordering::SeqCst);
-        while PAUSE_RELEASED.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+    async fn run(ctx: JobContext, _args: N) -> Result<(), JobError> {
+        let gate = Gate::of(&ctx)?;
+        gate.count_start();
+        gate.wait(1).await;
         Ok(())
     }
 }
@@ -467,12 +457,14 @@ async fn pause_with_jobs_in_flight_loses_nothing_and_resume_drains() -> anyhow::
     );
 
     // Two nodes, two slots each.
+    let gate = Gate::new();
     let mut nodes = Vec::new();
     for i in 0..2 {
         let p = db.new_pool(5).await?;
         nodes.push(
             worker(&p, "work", 2)
                 .register::<Held>()
+                .state(gate.clone())
                 .worker_id(format!("node-{i}"))
                 .build()?
                 .start()
@@ -490,7 +482,7 @@ async fn pause_with_jobs_in_flight_loses_nothing_and_resume_drains() -> anyhow::
     let change = admin.pause("work", Some("provider outage")).await?;
     assert!(change.paused && !change.was_paused);
     // The four in flight finish; nothing new is claimed on any node.
-    PAUSE_RELEASED.store(1, Ordering::SeqCst);
+    gate.release(1);
     assert!(
         eventually(Duration::from_secs(10), || async {
             count(pool, "done").await == 4
@@ -498,7 +490,7 @@ async fn pause_with_jobs_in_flight_loses_nothing_and_resume_drains() -> anyhow::
         .await
     );
     tokio::time::sleep(Duration::from_millis(600)).await; // several poll intervals
-    assert_eq!(PAUSE_STARTED.load(Ordering::SeqCst), 4);
+    assert_eq!(gate.started(), 4);
     assert_eq!(
         (count(pool, "pending").await, count(pool, "running").await),
         (6, 0)

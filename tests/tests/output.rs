@@ -2,15 +2,13 @@
 //! as `jobs.output`, written with its completion, bounded in size; readable through
 //! `jobq::admin`, the dashboard and `jobq-testing`.
 
-use std::time::Duration;
-
 use jobq::admin::Admin;
 use jobq::{JobContext, JobError, Runtime};
 use jobq_testing::TestDatabase;
 use jobq_testing::{Outcome, Perform};
 use serde::Serialize;
 use sqlx::PgPool;
-use tests::{N, eventually, init_tracing, job_state};
+use tests::{N, init_tracing, job_state, run_until_finished};
 
 /// What sending a receipt did.
 #[derive(Debug, Serialize)]
@@ -55,28 +53,13 @@ async fn unit(ctx: JobContext, args: N) -> Result<(), JobError> {
     Ok(())
 }
 
-async fn run_until_finished(pool: &PgPool, ids: &[jobq::JobId]) {
-    let rt = Runtime::builder(pool.clone())
+fn runtime(pool: &PgPool) -> jobq::RuntimeBuilder {
+    Runtime::builder(pool.clone())
         .auto_register(false)
         .register::<SendReceipt>()
         .register::<Huge>()
         .register::<Opaque>()
         .register::<Unit>()
-        .queue("default", 2)
-        .poll_interval(Duration::from_millis(50))
-        .build()
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
-    for id in ids {
-        let finished = eventually(Duration::from_secs(60), || async {
-            matches!(job_state(pool, *id).await.0.as_str(), "done" | "failed")
-        })
-        .await;
-        assert!(finished, "job {id} never finished");
-    }
-    rt.shutdown().await;
 }
 
 async fn output(pool: &PgPool, id: jobq::JobId) -> Option<serde_json::Value> {
@@ -96,7 +79,7 @@ async fn ok_values_are_recorded_with_the_completion() -> anyhow::Result<()> {
     let opaque = Opaque::enqueue(pool, N { n: 1 }).await?.id;
     let plain = Unit::enqueue(pool, N { n: 0 }).await?.id;
     let explicit = Unit::enqueue(pool, N { n: 5 }).await?.id;
-    run_until_finished(pool, &[receipt, opaque, plain, explicit]).await;
+    run_until_finished(runtime(pool), pool, &[receipt, opaque, plain, explicit]).await;
 
     let want = serde_json::json!({"invoice": 42, "sent_to": "customer-42@example.com"});
     assert_eq!(job_state(pool, receipt).await.0, "done");
@@ -125,7 +108,7 @@ async fn an_output_past_the_limit_fails_with_a_clear_error() -> anyhow::Result<(
     let limit = i64::try_from(jobq::MAX_OUTPUT_BYTES)?;
     let small = Huge::enqueue(pool, N { n: limit - 2 }).await?.id; // plus two quotes
     let big = Huge::enqueue(pool, N { n: limit }).await?.id;
-    run_until_finished(pool, &[small, big]).await;
+    run_until_finished(runtime(pool), pool, &[small, big]).await;
     assert_eq!(job_state(pool, small).await.0, "done");
     assert_eq!(
         output(pool, small)

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -18,17 +18,20 @@ use tests::{
 };
 use tokio::time::Instant;
 
-/// What the attempts of `TimesOut` observed, in order.
-static EVENTS: Mutex<Vec<(&'static str, Instant)>> = Mutex::new(Vec::new());
+/// What the attempts of `TimesOut` observed, in order (the runtime's state).
+#[derive(Debug, Default)]
+struct Events(Mutex<Vec<(&'static str, Instant)>>);
 
-fn event(what: &'static str) {
-    EVENTS.lock().unwrap().push((what, Instant::now()));
+impl Events {
+    fn record(&self, what: &'static str) {
+        self.0.lock().unwrap().push((what, Instant::now()));
+    }
 }
 
-struct DropProbe;
+struct DropProbe(Arc<Events>);
 impl Drop for DropProbe {
     fn drop(&mut self) {
-        event("attempt 1 dropped");
+        self.0.record("attempt 1 dropped");
     }
 }
 
@@ -43,16 +46,20 @@ impl Job for TimesOut {
     type Args = N;
     type Error = JobError;
     async fn run(ctx: JobContext, _args: N) -> Result<(), JobError> {
+        let events = ctx
+            .state::<Arc<Events>>()
+            .ok_or_else(|| JobError::permanent("no_events", "the runtime holds no Events"))?;
         if ctx.attempt() == 1 {
-            let _probe = DropProbe;
+            let _probe = DropProbe(events.clone());
             let token = ctx.cancellation_token();
+            let spawned = events.clone();
             tokio::spawn(async move {
                 token.cancelled().await;
-                event("attempt 1 spawned work cancelled");
+                spawned.record("attempt 1 spawned work cancelled");
             });
             std::future::pending::<()>().await;
         }
-        event("attempt 2 started");
+        events.record("attempt 2 started");
         Ok(())
     }
 }
@@ -62,9 +69,11 @@ async fn a_timed_out_attempt_is_cancelled_before_its_retry_starts() -> anyhow::R
     init_tracing();
     let db = TestDatabase::new().await?;
     let pool = db.pool();
+    let recorded = Arc::new(Events::default());
     let handle = Runtime::builder(pool.clone())
         .auto_register(false)
         .register::<TimesOut>()
+        .state(recorded.clone())
         .poll_interval(Duration::from_millis(50))
         .build()?
         .start()
@@ -76,7 +85,7 @@ async fn a_timed_out_attempt_is_cancelled_before_its_retry_starts() -> anyhow::R
     );
     handle.shutdown().await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let events = EVENTS.lock().unwrap().clone();
+    let events = recorded.0.lock().unwrap().clone();
     let at = |what: &str| {
         events
             .iter()

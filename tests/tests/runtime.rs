@@ -3,7 +3,7 @@
 //! shutdown, and wake-ups that survive a lost LISTEN connection.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -15,7 +15,8 @@ use tests::{
     woken_in_transaction_by,
 };
 
-/// Records every execution in a side table, so a test can count executions per job.
+/// Records every execution in a side table (through the pool the test gives the
+/// runtime as state), so a test can count executions per job.
 struct Record;
 
 impl Job for Record {
@@ -23,32 +24,22 @@ impl Job for Record {
     type Args = N;
     type Error = JobError;
     async fn run(ctx: JobContext, args: N) -> Result<(), JobError> {
-        let pool = POOLS.get(ctx.queue());
+        let pool = the_pool(&ctx)?;
         sqlx::query("INSERT INTO executions (job_id, attempt, n) VALUES ($1, $2, $3)")
             .bind(ctx.id().0)
             .bind(ctx.attempt() as i32)
             .bind(args.n)
-            .execute(&pool)
+            .execute(pool)
             .await?;
         Ok(())
     }
 }
 
-/// Handlers need a pool to reach the side table; tests register theirs by queue name.
-struct PoolMap(std::sync::Mutex<std::collections::HashMap<String, PgPool>>);
-impl PoolMap {
-    fn get(&self, queue: &str) -> PgPool {
-        self.0.lock().unwrap()[queue].clone()
-    }
-    fn set(&self, queue: &str, pool: &PgPool) {
-        self.0
-            .lock()
-            .unwrap()
-            .insert(queue.to_owned(), pool.clone());
-    }
+/// The pool a handler reaches the test's side tables with: the runtime's state.
+fn the_pool(ctx: &JobContext) -> Result<&PgPool, JobError> {
+    ctx.state::<PgPool>()
+        .ok_or_else(|| JobError::permanent("no_pool", "the runtime holds no pool"))
 }
-static POOLS: std::sync::LazyLock<PoolMap> =
-    std::sync::LazyLock::new(|| PoolMap(Default::default()));
 
 async fn side_table(pool: &PgPool) {
     sqlx::query(
@@ -72,7 +63,6 @@ async fn three_runtimes_drain_5000_jobs_each_exactly_once() -> anyhow::Result<()
     let db = TestDatabase::with_max_connections(10).await?;
     side_table(db.pool()).await;
     let queue = format!("q{}", db.name());
-    POOLS.set(&queue, db.pool());
 
     let mut handles = Vec::new();
     for i in 0..3 {
@@ -80,6 +70,7 @@ async fn three_runtimes_drain_5000_jobs_each_exactly_once() -> anyhow::Result<()
         let rt = Runtime::builder(pool)
             .auto_register(false)
             .register::<Record>()
+            .state(db.pool().clone())
             .queue(queue.clone(), 8)
             .worker_id(format!("worker-{i}"))
             .poll_interval(Duration::from_millis(200))
@@ -326,12 +317,12 @@ async fn panic_timeout_and_undecodable_payload_are_classified_and_the_runtime_ke
     let pool = db.pool();
     side_table(pool).await;
     let queue = format!("q{}", db.name());
-    POOLS.set(&queue, pool);
     let handle = Runtime::builder(pool.clone())
         .auto_register(false)
         .register::<Panics>()
         .register::<Slow>()
         .register::<Record>()
+        .state(pool.clone())
         .queue(queue.clone(), 4)
         .build()?
         .start()
@@ -419,14 +410,21 @@ async fn panic_timeout_and_undecodable_payload_are_classified_and_the_runtime_ke
 /// task it spawned tries to complete the job late.
 struct Hangs;
 
-static HANG_DROPPED: AtomicBool = AtomicBool::new(false);
-static HANG_SECOND_SAW_DROP: AtomicBool = AtomicBool::new(false);
-static LATE_RESULT: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+/// What the test learns from [`Hangs`], given to both runtimes as state.
+#[derive(Debug, Default)]
+struct HangProbe {
+    /// Attempt 1's future was dropped.
+    dropped: AtomicBool,
+    /// Attempt 2 started after that.
+    second_saw_drop: AtomicBool,
+    /// What attempt 1's late writes got back.
+    late: std::sync::Mutex<Option<String>>,
+}
 
-struct SetOnDrop;
+struct SetOnDrop(Arc<HangProbe>);
 impl Drop for SetOnDrop {
     fn drop(&mut self) {
-        HANG_DROPPED.store(true, Ordering::SeqCst);
+        self.0.dropped.store(true, Ordering::SeqCst);
     }
 }
 
@@ -436,18 +434,22 @@ impl Job for Hangs {
     type Args = N;
     type Error = JobError;
     async fn run(ctx: JobContext, _args: N) -> Result<(), JobError> {
-        let pool = POOLS.get(ctx.queue());
+        let pool = the_pool(&ctx)?;
+        let probe = ctx
+            .state::<Arc<HangProbe>>()
+            .ok_or_else(|| JobError::permanent("no_probe", "the runtime holds no HangProbe"))?;
         if ctx.attempt() == 1 {
-            let _guard = SetOnDrop;
+            let _guard = SetOnDrop(probe.clone());
             let late = ctx.clone();
             let late_pool = pool.clone();
+            let probe = probe.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(2500)).await;
                 let mut tx = late_pool.begin().await.unwrap();
                 let effect = late.effect_once(&mut tx, "hangs-effect").await;
                 let done = late.complete_in_tx(&mut tx).await;
                 tx.commit().await.unwrap();
-                *LATE_RESULT.lock().unwrap() = Some(format!(
+                *probe.late.lock().unwrap() = Some(format!(
                     "{}/{}",
                     effect.map_err(|e| e.code()).err().unwrap_or("ok"),
                     done.map_err(|e| e.code()).err().unwrap_or("ok"),
@@ -456,7 +458,9 @@ impl Job for Hangs {
             std::future::pending::<()>().await;
             unreachable!();
         }
-        HANG_SECOND_SAW_DROP.store(HANG_DROPPED.load(Ordering::SeqCst), Ordering::SeqCst);
+        probe
+            .second_saw_drop
+            .store(probe.dropped.load(Ordering::SeqCst), Ordering::SeqCst);
         let mut tx = pool.begin().await?;
         assert!(ctx.effect_once(&mut tx, "hangs-effect").await?);
         ctx.complete_in_tx(&mut tx).await?;
@@ -472,11 +476,13 @@ async fn lease_expiring_under_a_running_handler_is_rescued_and_the_late_attempt_
     let db = TestDatabase::new().await?;
     let pool = db.pool();
     let queue = format!("q{}", db.name());
-    POOLS.set(&queue, pool);
+    let probe = Arc::new(HangProbe::default());
     // Worker A: heartbeats effectively stopped, no reaper.
     let a = Runtime::builder(pool.clone())
         .auto_register(false)
         .register::<Hangs>()
+        .state(pool.clone())
+        .state(probe.clone())
         .queue(queue.clone(), 1)
         .worker_id("worker-a")
         .heartbeat_interval(Duration::from_secs(3600))
@@ -496,6 +502,8 @@ async fn lease_expiring_under_a_running_handler_is_rescued_and_the_late_attempt_
     let b = Runtime::builder(pool.clone())
         .auto_register(false)
         .register::<Hangs>()
+        .state(pool.clone())
+        .state(probe.clone())
         .queue(queue.clone(), 1)
         .worker_id("worker-b")
         .poll_interval(Duration::from_millis(100))
@@ -513,17 +521,17 @@ async fn lease_expiring_under_a_running_handler_is_rescued_and_the_late_attempt_
     // Wait for the first attempt's late writes.
     assert!(
         eventually(Duration::from_secs(10), || async {
-            LATE_RESULT.lock().unwrap().is_some()
+            probe.late.lock().unwrap().is_some()
         })
         .await
     );
     assert_eq!(
-        LATE_RESULT.lock().unwrap().as_deref(),
+        probe.late.lock().unwrap().as_deref(),
         Some("lease_lost/lease_lost"),
         "the stale attempt could neither record the effect nor complete the job"
     );
     assert!(
-        HANG_SECOND_SAW_DROP.load(Ordering::SeqCst),
+        probe.second_saw_drop.load(Ordering::SeqCst),
         "attempt 1 was dropped before attempt 2 started"
     );
     let (state, attempts) = tests::job_state(pool, job.id).await;
@@ -581,15 +589,13 @@ async fn reaper_fails_a_job_whose_last_attempt_lost_its_lease() -> anyhow::Resul
     Ok(())
 }
 
-/// Sleeps `n` milliseconds, counting starts.
+/// Sleeps `n` milliseconds.
 struct Sleeper;
-static SLEEPER_STARTS: AtomicU32 = AtomicU32::new(0);
 impl Job for Sleeper {
     const KIND: &'static str = "sleeper";
     type Args = N;
     type Error = JobError;
     async fn run(_ctx: JobContext, args: N) -> Result<(), JobError> {
-        SLEEPER_STARTS.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(args.n as u64)).await;
         Ok(())
     }
@@ -1025,16 +1031,26 @@ async fn an_idle_runtime_gives_its_connections_back_to_the_pool() -> anyhow::Res
 /// Blocks until the runtime drops it, counting starts; a lease short enough for a test to
 /// outlive it.
 struct Gate;
-static GATE_STARTS: AtomicU32 = AtomicU32::new(0);
-static GATES_STARTED: std::sync::Mutex<Vec<i64>> = std::sync::Mutex::new(Vec::new());
+
+/// The ids of the [`Gate`] jobs that started, in order (the runtime's state).
+#[derive(Debug, Default)]
+struct GateStarts(std::sync::Mutex<Vec<i64>>);
+
+impl GateStarts {
+    fn count(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
 impl Job for Gate {
     const KIND: &'static str = "gate";
     const LEASE: Duration = Duration::from_secs(1);
     type Args = N;
     type Error = JobError;
     async fn run(ctx: JobContext, _args: N) -> Result<(), JobError> {
-        GATES_STARTED.lock().unwrap().push(ctx.id().0);
-        GATE_STARTS.fetch_add(1, Ordering::SeqCst);
+        let starts = ctx
+            .state::<Arc<GateStarts>>()
+            .ok_or_else(|| JobError::permanent("no_starts", "the runtime holds no GateStarts"))?;
+        starts.0.lock().unwrap().push(ctx.id().0);
         tokio::time::sleep(Duration::from_secs(60)).await;
         Ok(())
     }
@@ -1058,10 +1074,12 @@ async fn jobs_claimed_ahead_wait_for_a_slot_keep_their_leases_and_are_handed_bac
     init_tracing();
     let db = TestDatabase::new().await?;
     let pool = db.pool();
+    let starts = Arc::new(GateStarts::default());
     let handle = Runtime::builder(pool.clone())
         .auto_register(false)
         .register::<Noop>()
         .register::<Gate>()
+        .state(starts.clone())
         .queue("default", 2)
         .prefetch(8)
         .reaper(Some(jobq::maintenance::ReaperConfig {
@@ -1084,7 +1102,7 @@ async fn jobs_claimed_ahead_wait_for_a_slot_keep_their_leases_and_are_handed_bac
         "no gate was claimed ahead of the two slots"
     );
     assert!(eventually(Duration::from_secs(5), || async { handle.running() == 2 }).await);
-    assert_eq!(GATE_STARTS.load(Ordering::SeqCst), 2, "only two slots");
+    assert_eq!(starts.count(), 2, "only two slots");
 
     // Three lease lengths later, the reaper (every 100 ms) has rescued nothing: every
     // gate is still held by its first attempt, or was never claimed.
@@ -1113,11 +1131,11 @@ async fn jobs_claimed_ahead_wait_for_a_slot_keep_their_leases_and_are_handed_bac
         "no-op jobs claimed earlier wait behind the gates"
     );
     assert_eq!(handle.running(), 2);
-    assert_eq!(GATE_STARTS.load(Ordering::SeqCst), 2);
+    assert_eq!(starts.count(), 2);
 
     // An operator cancels one that waits: the heartbeat carries the request, and the job
     // is cancelled without its handler starting.
-    let started = GATES_STARTED.lock().unwrap().clone();
+    let started = starts.0.lock().unwrap().clone();
     let waiting: i64 = sqlx::query_scalar(
         "SELECT id FROM jobq.jobs WHERE kind = 'gate' AND state = 'running'
          AND NOT (id = ANY($1)) ORDER BY id DESC LIMIT 1",
@@ -1142,7 +1160,7 @@ async fn jobs_claimed_ahead_wait_for_a_slot_keep_their_leases_and_are_handed_bac
         tests::job_state(pool, jobq::JobId(waiting)).await,
         ("cancelled".to_owned(), 0)
     );
-    assert_eq!(GATE_STARTS.load(Ordering::SeqCst), 2);
+    assert_eq!(starts.count(), 2);
 
     // The slot the cancelled job held may go to a gate not claimed yet (when the first
     // claims did not take all eight): count what the runtime holds now.
@@ -1156,11 +1174,7 @@ async fn jobs_claimed_ahead_wait_for_a_slot_keep_their_leases_and_are_handed_bac
         "handed back {} with {held_now} held just before",
         report.handed_back
     );
-    assert_eq!(
-        GATE_STARTS.load(Ordering::SeqCst),
-        2,
-        "a waiting job started"
-    );
+    assert_eq!(starts.count(), 2, "a waiting job started");
     for gate in gates.iter().filter(|g| g.id.0 != waiting) {
         assert_eq!(
             tests::job_state(pool, gate.id).await,

@@ -14,7 +14,8 @@
 //! between repetitions. Ratios are taken between medians of the same run, so they hold
 //! up on a noisy machine better than the absolute figures do.
 //!
-//! `LIST` is a comma-separated subset of `ceiling,enqueue,drain,dirty,latency,notify,scale,limits`
+//! `LIST` is a comma-separated subset of
+//! `ceiling,enqueue,drain,dirty,latency,notify,scale,outbox,limits`
 //! (`soak` and `held` too, when asked for by their flags).
 //! `--quick` is a smoke run for CI (under a minute); it fails only on errors, never on
 //! timing. The long rows run only when asked: `--soak` (10 minutes of steady load, or
@@ -26,6 +27,7 @@
 //! it was when it ends. `--autovacuum-off` runs with it off instead, for comparison.
 
 mod limits;
+mod outbox;
 mod raw;
 mod report;
 mod scale;
@@ -105,7 +107,7 @@ impl Settings {
                 }
                 "-h" | "--help" => {
                     println!(
-                        "bench [--quick] [--jobs N] [--reps R] [--concurrency 1,16,64,256] [--only ceiling,enqueue,drain,dirty,latency,notify,scale,soak,held] [--soak] [--soak-minutes M] [--held-snapshot] [--autovacuum-off]"
+                        "bench [--quick] [--jobs N] [--reps R] [--concurrency 1,16,64,256] [--only ceiling,enqueue,drain,dirty,latency,notify,scale,outbox,soak,held] [--soak] [--soak-minutes M] [--held-snapshot] [--autovacuum-off]"
                     );
                     std::process::exit(0);
                 }
@@ -229,6 +231,9 @@ async fn sections(s: &Settings, db: &BenchDb, started: Instant) -> anyhow::Resul
     }
     if s.wants("scale") {
         scale_out(s, db, &mut report).await?;
+    }
+    if s.wants("outbox") {
+        outbox::outbox(s, db, &mut report).await?;
     }
     if s.wants("limits") {
         limits::limits(s, db, &mut report).await?;

@@ -18,9 +18,29 @@ pub use pruner::{PRUNER_LOCK, PruneReport, Pruner, PrunerConfig, Retention};
 pub use reaper::{Reaper, ReaperConfig};
 pub use scheduler::{Missed, Schedule, Scheduler, SchedulerConfig, SchedulerReport};
 pub(crate) use scheduler::{Periodic, scheduler_entries, scheduler_entry};
+#[allow(deprecated)]
 pub use workers::{WorkerHeartbeat, WorkerHeartbeatConfig};
+pub use workers::{WorkerPresence, WorkerPresenceConfig};
 
 use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+/// The loop every service shares: `pass`, then a wait of `interval` spread by ±10 %,
+/// until `stop` is cancelled (checked between passes, never during one).
+pub(crate) async fn every<F, Fut>(interval: Duration, stop: CancellationToken, mut pass: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    loop {
+        pass().await;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(jittered(interval)) => {}
+        }
+    }
+}
 
 /// `interval` spread by ±10 %, so services on many nodes do not beat in step.
 pub(crate) fn jittered(interval: Duration) -> Duration {

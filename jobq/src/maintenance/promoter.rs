@@ -77,8 +77,9 @@ impl Promoter {
 
     /// Runs a pass every (jittered) interval until `stop`.
     pub async fn run(self, stop: CancellationToken) {
-        loop {
-            match self.run_once().await {
+        let this = &self;
+        super::every(self.config.interval, stop, || async move {
+            match this.run_once().await {
                 Ok(r) if r.promoted > 0 => {
                     debug!(
                         promoted = r.promoted,
@@ -88,11 +89,8 @@ impl Promoter {
                 Ok(_) => {}
                 Err(e) => warn!(error = %e, "promoter pass failed"),
             }
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(super::jittered(self.config.interval)) => {}
-            }
-        }
+        })
+        .await;
     }
 }
 

@@ -236,27 +236,27 @@ impl Pruner {
 
     /// Runs a pass every (jittered) interval while this node leads, until `stop`.
     pub async fn run(self, stop: CancellationToken) {
-        let mut leader = Leader::new(self.pool.clone(), PRUNER_LOCK);
-        loop {
-            if leader.check().await {
-                match self.run_once().await {
-                    Ok(r) if r.total() > 0 => info!(
-                        done = r.done,
-                        failed = r.failed,
-                        cancelled = r.cancelled,
-                        batches = r.batches,
-                        "pruner deleted jobs past their retention"
-                    ),
-                    Ok(_) => {}
-                    Err(e) => warn!(error = %e, "pruner pass failed"),
-                }
+        // Each pass borrows the leadership in turn: the lock is never contended.
+        let leader = tokio::sync::Mutex::new(Leader::new(self.pool.clone(), PRUNER_LOCK));
+        let (this, leading) = (&self, &leader);
+        super::every(self.config.interval, stop, || async move {
+            if !leading.lock().await.check().await {
+                return;
             }
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(super::jittered(self.config.interval)) => {}
+            match this.run_once().await {
+                Ok(r) if r.total() > 0 => info!(
+                    done = r.done,
+                    failed = r.failed,
+                    cancelled = r.cancelled,
+                    batches = r.batches,
+                    "pruner deleted jobs past their retention"
+                ),
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "pruner pass failed"),
             }
-        }
-        leader.resign().await;
+        })
+        .await;
+        leader.into_inner().resign().await;
     }
 }
 

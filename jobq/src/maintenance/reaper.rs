@@ -73,8 +73,9 @@ impl Reaper {
 
     /// Runs a pass every (jittered) interval until `stop`.
     pub async fn run(self, stop: CancellationToken) {
-        loop {
-            match self.run_once().await {
+        let this = &self;
+        super::every(self.config.interval, stop, || async move {
+            match this.run_once().await {
                 Ok(r) if r.rescued + r.failed > 0 => info!(
                     rescued = r.rescued,
                     failed = r.failed,
@@ -83,10 +84,7 @@ impl Reaper {
                 Ok(_) => {}
                 Err(e) => warn!(error = %e, "reaper pass failed"),
             }
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(super::jittered(self.config.interval)) => {}
-            }
-        }
+        })
+        .await;
     }
 }

@@ -509,8 +509,9 @@ impl Scheduler {
 
     /// Runs a pass every (jittered) interval until `stop`.
     pub async fn run(self, stop: CancellationToken) {
-        loop {
-            match self.run_once().await {
+        let this = &self;
+        super::every(self.config.interval, stop, || async move {
+            match this.run_once().await {
                 Ok(r) if r.enqueued + r.expired > 0 => info!(
                     enqueued = r.enqueued,
                     expired = r.expired,
@@ -519,11 +520,8 @@ impl Scheduler {
                 Ok(_) => {}
                 Err(e) => warn!(error = %e, "scheduler pass failed"),
             }
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(super::jittered(self.config.interval)) => {}
-            }
-        }
+        })
+        .await;
     }
 }
 

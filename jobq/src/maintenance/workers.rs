@@ -1,4 +1,4 @@
-//! The worker heartbeat: each runtime upserts its row in `jobq.workers` (queues with
+//! Worker presence: each runtime upserts its row in `jobq.workers` (queues with
 //! concurrency, kinds with leases) every interval, deletes rows of workers unseen for a
 //! while, and refreshes the queue gauges (`jobq_queue_depth`,
 //! `jobq_queue_oldest_age_seconds`). On shutdown it deletes its own row. Stats compare
@@ -13,44 +13,45 @@ use tracing::warn;
 use crate::error::Error;
 use crate::store;
 
-/// The heartbeat's settings.
+/// Worker presence's settings.
 #[derive(Debug, Clone)]
-pub struct WorkerHeartbeatConfig {
+pub struct WorkerPresenceConfig {
     /// Time between beats (default 5 s).
     pub interval: Duration,
     /// A row unseen for this long is deleted (default 60 s).
     pub forget_after: Duration,
 }
 
-impl Default for WorkerHeartbeatConfig {
+impl Default for WorkerPresenceConfig {
     fn default() -> Self {
-        WorkerHeartbeatConfig {
+        WorkerPresenceConfig {
             interval: Duration::from_secs(5),
             forget_after: Duration::from_secs(60),
         }
     }
 }
 
-/// One runtime's heartbeat row and gauges.
+/// One runtime's row in `jobq.workers`, and the queue gauges. (Not the lease heartbeat,
+/// which renews the leases of running jobs: see `RuntimeBuilder::heartbeat_interval`.)
 #[derive(Debug, Clone)]
-pub struct WorkerHeartbeat {
+pub struct WorkerPresence {
     pool: PgPool,
     id: String,
     queues: serde_json::Value,
     kinds: serde_json::Value,
     served_queues: Vec<String>,
-    config: WorkerHeartbeatConfig,
+    config: WorkerPresenceConfig,
 }
 
-impl WorkerHeartbeat {
-    /// The heartbeat of worker `id`, serving `queues` (name, concurrency) and `kinds`
+impl WorkerPresence {
+    /// The presence of worker `id`, serving `queues` (name, concurrency) and `kinds`
     /// (kind, lease).
     pub fn new<'a>(
         pool: PgPool,
         id: impl Into<String>,
         queues: impl IntoIterator<Item = (&'a str, usize)>,
         kinds: impl IntoIterator<Item = (&'a str, Duration)>,
-        config: WorkerHeartbeatConfig,
+        config: WorkerPresenceConfig,
     ) -> Self {
         let queues: serde_json::Map<String, serde_json::Value> = queues
             .into_iter()
@@ -61,7 +62,7 @@ impl WorkerHeartbeat {
             .into_iter()
             .map(|(k, l)| (k.to_owned(), serde_json::Value::from(l.as_secs_f64())))
             .collect();
-        WorkerHeartbeat {
+        WorkerPresence {
             pool,
             id: id.into(),
             queues: serde_json::Value::Object(queues),
@@ -93,15 +94,13 @@ impl WorkerHeartbeat {
 
     /// Beats every (jittered) interval until `stop`, then deletes this worker's row.
     pub async fn run(self, stop: CancellationToken) {
-        loop {
-            if let Err(e) = self.run_once().await {
+        let this = &self;
+        super::every(self.config.interval, stop, || async move {
+            if let Err(e) = this.run_once().await {
                 warn!(error = %e, "worker heartbeat failed");
             }
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(super::jittered(self.config.interval)) => {}
-            }
-        }
+        })
+        .await;
         match self.pool.acquire().await {
             Ok(mut conn) => {
                 if let Err(e) = store::worker_delete(&mut conn, &self.id).await {
@@ -112,3 +111,14 @@ impl WorkerHeartbeat {
         }
     }
 }
+
+/// The former name of [`WorkerPresence`].
+#[deprecated(
+    since = "0.2.0",
+    note = "renamed WorkerPresence: \"heartbeat\" is the lease renewal"
+)]
+pub type WorkerHeartbeat = WorkerPresence;
+
+/// The former name of [`WorkerPresenceConfig`].
+#[deprecated(since = "0.2.0", note = "renamed WorkerPresenceConfig")]
+pub type WorkerHeartbeatConfig = WorkerPresenceConfig;

@@ -75,14 +75,16 @@ pub struct Event {
 }
 
 impl Event {
-    /// An event of type `event_type` whose payload is `payload` as JSON.
+    /// An event of type `event_type` whose payload is `payload` as JSON. With the `otel`
+    /// feature its headers start with the current span's W3C trace context
+    /// (`traceparent`, `tracestate`), which [`Event::header`] may override.
     pub fn new<T: Serialize + ?Sized>(event_type: impl Into<String>, payload: &T) -> Event {
         Event {
             id: Uuid::now_v7(),
             event_type: event_type.into(),
             payload: serde_json::to_string(payload).map_err(|e| e.to_string()),
             aggregate: None,
-            headers: BTreeMap::new(),
+            headers: crate::trace::capture().into_iter().flatten().collect(),
         }
     }
 

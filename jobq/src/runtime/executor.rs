@@ -334,16 +334,26 @@ pub(crate) async fn run_claimed(
 }
 
 /// The `jobq.job` span of one attempt; `job.outcome` is recorded when it ends. Never
-/// carries the payload.
+/// carries the payload. With the `otel` feature it continues the trace the job was
+/// enqueued in, as a consumer span (OpenTelemetry's messaging conventions: the enqueuing
+/// span is the parent of every attempt, retries included).
 pub(crate) fn attempt_span(job: &crate::store::ClaimedJob) -> tracing::Span {
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "jobq.job",
+        otel.name = %format_args!("process {}", job.kind),
+        otel.kind = "consumer",
+        messaging.system = "jobq",
+        messaging.operation.type = "process",
+        messaging.destination.name = %job.queue,
+        messaging.message.id = job.id,
         job.id = job.id,
         job.kind = %job.kind,
         job.queue = %job.queue,
         job.attempt = job.attempt,
         job.outcome = tracing::field::Empty,
-    )
+    );
+    crate::trace::continue_in(&span, job.trace_context.as_deref());
+    span
 }
 
 /// The context of one claimed attempt.

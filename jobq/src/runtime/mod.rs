@@ -29,7 +29,7 @@ use crate::error::Error;
 use crate::job::Job;
 use crate::maintenance::{
     Periodic, Promoter, PromoterConfig, Pruner, PrunerConfig, Reaper, ReaperConfig, Schedule,
-    Scheduler, SchedulerConfig, WorkerHeartbeat, WorkerHeartbeatConfig,
+    Scheduler, SchedulerConfig, WorkerPresence, WorkerPresenceConfig,
 };
 use crate::notify::{self, Wakers};
 use crate::registry::{JobHandler, Registry, registered_jobs};
@@ -65,7 +65,7 @@ pub struct RuntimeBuilder {
     worker_id: Option<String>,
     state: State,
     pruner: Option<PrunerConfig>,
-    heartbeat: Option<WorkerHeartbeatConfig>,
+    presence: Option<WorkerPresenceConfig>,
     periodic: Vec<Result<Periodic, Error>>,
     scheduler: Option<SchedulerConfig>,
     relays: Vec<crate::outbox::Relay>,
@@ -184,11 +184,18 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The worker heartbeat (its row in `jobq.workers`, which stats read to tell running
-    /// against capacity and unserved kinds, and the queue gauges); `None` runs none.
-    pub fn worker_heartbeat(mut self, config: Option<WorkerHeartbeatConfig>) -> Self {
-        self.heartbeat = config;
+    /// Worker presence (this runtime's row in `jobq.workers`, which stats read to tell
+    /// running against capacity and unserved kinds, and the queue gauges); `None` runs
+    /// none.
+    pub fn worker_presence(mut self, config: Option<WorkerPresenceConfig>) -> Self {
+        self.presence = config;
         self
+    }
+
+    /// The former name of [`RuntimeBuilder::worker_presence`].
+    #[deprecated(since = "0.2.0", note = "renamed worker_presence")]
+    pub fn worker_heartbeat(self, config: Option<WorkerPresenceConfig>) -> Self {
+        self.worker_presence(config)
     }
 
     /// Whether to LISTEN for enqueue notifications (default `true`); without it, jobs are
@@ -264,9 +271,10 @@ impl RuntimeBuilder {
             .map(JobHandler::lease)
             .min()
             .unwrap_or(Duration::from_secs(60));
-        if shortest_lease < Duration::from_millis(300) {
+        if shortest_lease < crate::MIN_LEASE {
             return Err(Error::Config(format!(
-                "a lease of {shortest_lease:?} is too short to be kept alive by heartbeats; use at least 300ms"
+                "a lease of {shortest_lease:?} is too short to be kept alive by heartbeats; use at least {:?}",
+                crate::MIN_LEASE
             )));
         }
         let heartbeat = self
@@ -316,7 +324,7 @@ impl RuntimeBuilder {
                 listen: self.listen,
                 state: self.state,
                 pruner: self.pruner,
-                heartbeat: self.heartbeat,
+                presence: self.presence,
                 scheduler: self.scheduler.map(|_| scheduler.clone()),
                 schedules: scheduler,
                 relays: self.relays,
@@ -393,7 +401,7 @@ pub(crate) struct Config {
     pub(crate) listen: bool,
     pub(crate) state: State,
     pub(crate) pruner: Option<PrunerConfig>,
-    pub(crate) heartbeat: Option<WorkerHeartbeatConfig>,
+    pub(crate) presence: Option<WorkerPresenceConfig>,
     /// The scheduler this runtime runs, if any.
     pub(crate) scheduler: Option<Scheduler>,
     /// The scheduler over its schedules, run or not (for [`Runtime::scheduler`]).
@@ -441,7 +449,7 @@ impl Runtime {
             worker_id: None,
             state: State::default(),
             pruner: Some(PrunerConfig::default()),
-            heartbeat: Some(WorkerHeartbeatConfig::default()),
+            presence: Some(WorkerPresenceConfig::default()),
             periodic: Vec::new(),
             scheduler: Some(SchedulerConfig::default()),
             relays: Vec::new(),
@@ -534,12 +542,12 @@ impl Runtime {
             let pruner = Pruner::new(config.own.clone(), pc);
             services.push(tokio::spawn(pruner.run(stop_services.clone())));
         }
-        if let Some(hc) = config.heartbeat.clone() {
+        if let Some(hc) = config.presence.clone() {
             let leases = config
                 .lease_secs
                 .iter()
                 .map(|s| Duration::from_secs_f64(*s));
-            let beat = WorkerHeartbeat::new(
+            let beat = WorkerPresence::new(
                 config.own.clone(),
                 config.worker_id.clone(),
                 config.queues.iter().map(|(q, c)| (q.as_str(), *c)),

@@ -349,6 +349,17 @@ pub struct JobRow {
     pub finished_at: Option<DateTime<Utc>>,
     /// What the handler's `Ok(value)` returned (recorded output), if anything.
     pub output: Option<serde_json::Value>,
+    /// The W3C trace context the job was enqueued in (`{"traceparent": …}`), captured with
+    /// the `otel` feature.
+    pub trace_context: Option<serde_json::Value>,
+}
+
+impl JobRow {
+    /// The trace id (32 lowercase hex digits) of the trace the job was enqueued in, if
+    /// its trace context was captured.
+    pub fn trace_id(&self) -> Option<String> {
+        self.trace_context.as_ref().and_then(crate::trace::trace_id)
+    }
 }
 
 /// One job, every column. The payload is fetched as text and parsed here, so a row serde
@@ -358,7 +369,7 @@ pub(crate) async fn job_get(conn: &mut PgConnection, id: i64) -> Result<Option<J
         "SELECT id, kind, queue, payload::text AS payload_text, payload_version, state, priority, attempts,
                 max_attempts, run_after, locked_until, locked_by, idempotency_key,
                 last_error_code, last_error, errors, cancel_requested, created_at, started_at,
-                first_failed_at, last_failed_at, finished_at, output
+                first_failed_at, last_failed_at, finished_at, output, trace_context
          FROM jobq.jobs WHERE id = $1",
     )
     .bind(id)

@@ -15,7 +15,7 @@ pub(crate) async fn job_insert(
     job: &NewJob,
     wake: Wake<'_>,
 ) -> Result<(Enqueued, Option<TxOf>), Error> {
-    if !job.time.is_plain() {
+    if !job.is_plain() {
         let (mut e, tx) = super::job_insert_timed(conn, std::slice::from_ref(job), wake).await?;
         return Ok((e.remove(0), tx));
     }
@@ -213,7 +213,7 @@ pub(crate) async fn job_insert_many(
     if jobs.is_empty() {
         return Ok((Vec::new(), None));
     }
-    if jobs.iter().any(|j| !j.time.is_plain()) {
+    if jobs.iter().any(|j| !j.is_plain()) {
         return super::job_insert_timed(conn, jobs, wake).await;
     }
     if jobs.iter().all(|j| j.idempotency_key.is_none()) {
@@ -415,6 +415,8 @@ pub(crate) struct ClaimedJob {
     pub(crate) created_at: DateTime<Utc>,
     /// `jobs.payload_version`, for the kind's upgrades.
     pub(crate) payload_version: i32,
+    /// `jobs.trace_context` as JSON text: the trace the attempt's span continues.
+    pub(crate) trace_context: Option<String>,
     /// How long the job waited between becoming due (`run_after`) and this claim.
     pub(crate) wait_secs: f64,
 }
@@ -503,6 +505,7 @@ pub(crate) fn claimed_from_rows(
             priority: row.try_get("priority")?,
             created_at: row.try_get("created_at")?,
             payload_version: row.try_get("payload_version")?,
+            trace_context: row.try_get("trace_context")?,
             wait_secs: row.try_get("wait_secs")?,
         });
     }

@@ -678,7 +678,8 @@ pub(crate) async fn claim_kind_wide(
         FROM claimed c
         UNION ALL
         SELECT NULL::int8, NULL::int8, NULL::int4, NULL::int4, NULL::text, NULL::text,
-               NULL::text, NULL::int2, NULL::timestamptz, NULL::int4, NULL::float8,
+               NULL::text, NULL::int2, NULL::timestamptz, NULL::int4, NULL::text,
+               NULL::float8,
                u.kind, u.running, u.tokens, u.refilled_at, u.win,
                (SELECT n FROM tot), (SELECT now FROM clock)
         FROM usage u

@@ -73,6 +73,7 @@ macro_rules! claim_returning_sql {
         r#"
         RETURNING j.id, j.lease_gen, j.attempts, j.max_attempts, j.kind, j.queue,
                   j.payload::text AS payload, j.priority, j.created_at, j.payload_version,
+                  j.trace_context::text AS trace_context,
                   greatest(extract(epoch FROM j.started_at - j.run_after), 0)::float8 AS wait_secs
         "#
     };
@@ -84,6 +85,7 @@ mod effects;
 mod jobs;
 mod lease;
 mod limits;
+mod migrations;
 mod outbox;
 mod promote;
 mod prune;
@@ -107,6 +109,7 @@ pub use lease::ReapReport;
 pub(crate) use lease::*;
 pub(crate) use limits::*;
 pub use limits::{LimitRow, LimitUsage};
+pub(crate) use migrations::*;
 pub(crate) use outbox::*;
 pub use outbox::{Aggregate, InboxOutcome, OutboxEvent, OutboxLag, StuckEvent};
 pub(crate) use promote::*;
@@ -146,9 +149,17 @@ pub(crate) struct NewJob {
     pub(crate) idempotency_key: Option<String>,
     /// Payload version, uniqueness, maximum age (`0005_time`).
     pub(crate) time: TimeOpts,
+    /// The enqueuing span's W3C trace context, as a JSON object (`0010_traces`).
+    pub(crate) trace_context: Option<String>,
 }
 
 impl NewJob {
+    /// Whether the plain inserts of `jobs.rs` can write the job: it carries none of the
+    /// options only the general insert of `unique.rs` writes.
+    pub(crate) fn is_plain(&self) -> bool {
+        self.time.is_plain() && self.trace_context.is_none()
+    }
+
     /// Whether the job is due at once (no future `run_after` or delay), so that waking
     /// its queue's producers is worth it. Scheduled jobs are found by polling.
     pub(crate) fn due_now(&self) -> bool {

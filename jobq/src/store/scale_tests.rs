@@ -137,6 +137,7 @@ async fn inserts_put_future_jobs_in_scheduled() {
         delay_secs: delay,
         idempotency_key: key.map(str::to_owned),
         time: Default::default(),
+        trace_context: None,
     };
     let mut ids = Vec::new();
     for (delay, key) in [

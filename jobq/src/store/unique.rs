@@ -1,6 +1,7 @@
-//! The insert of jobs that carry options of `0005_time`: a payload version, a uniqueness
-//! rule (with or without replacing a pending duplicate), a maximum age or a deadline.
-//! Jobs without them take the plain inserts of `jobs.rs`.
+//! The general insert, for jobs that carry options of `0005_time` (a payload version, a
+//! uniqueness rule with or without replacing a pending duplicate, a maximum age or a
+//! deadline) or a trace context (`0010_traces`). Jobs without them take the plain
+//! inserts of `jobs.rs`.
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
@@ -112,20 +113,22 @@ pub(crate) async fn job_insert_timed(
             FROM unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::int4[],
                         $6::timestamptz[], $7::float8[], $8::text[], $9::int4[], $10::text[],
                         $11::int2[], $12::float8[], $13::float8[], $14::timestamptz[],
-                        $17::text[], $18::text[])
+                        $17::text[], $18::text[], $19::text[])
                  WITH ORDINALITY AS t(kind, queue, payload, priority, max_attempts,
                                       run_after, delay, idempotency_key, version, ukey,
-                                      ustates, uperiod, max_age, deadline, ckey, rkey, ord)
+                                      ustates, uperiod, max_age, deadline, trace, ckey, rkey,
+                                      ord)
         ),
         ins AS (
             INSERT INTO jobq.jobs
                 (id, kind, queue, payload, priority, max_attempts, run_after, idempotency_key,
-                 payload_version, unique_key, unique_states, expires_at, concurrency_key,
-                 rate_key, state)
+                 payload_version, unique_key, unique_states, expires_at, trace_context,
+                 concurrency_key, rate_key, state)
             SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts, at,
                    idempotency_key, version, unique_key,
                    CASE WHEN unique_key IS NOT NULL THEN ustates END,
-                   least(now() + make_interval(secs => max_age), deadline), ckey, rkey, "#,
+                   least(now() + make_interval(secs => max_age), deadline), trace::jsonb,
+                   ckey, rkey, "#,
         state_sql!("at"),
         r#"
             FROM input,
@@ -210,6 +213,11 @@ pub(crate) async fn job_insert_timed(
     .bind(wake.routes())
     .bind(
         jobs.iter()
+            .map(|j| j.trace_context.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        jobs.iter()
             .map(|j| j.time.concurrency_key.as_deref())
             .collect::<Vec<_>>(),
     )
@@ -255,12 +263,12 @@ async fn job_insert_replacing(
         WITH ins AS (
             INSERT INTO jobq.jobs AS j
                 (kind, queue, payload, priority, max_attempts, run_after, idempotency_key,
-                 payload_version, unique_key, unique_states, expires_at, concurrency_key,
-                 rate_key, state)
+                 payload_version, unique_key, unique_states, expires_at, trace_context,
+                 concurrency_key, rate_key, state)
             SELECT $1, $2, $3::text::jsonb, $4, $5, t.at, $8, $9,
                     "#,
         unique_key_sql!("$10::text", "$12::float8"),
-        r#", $11, least(now() + make_interval(secs => $13), $14), $19, $20, "#,
+        r#", $11, least(now() + make_interval(secs => $13), $14), $19::text::jsonb, $20, $21, "#,
         state_sql!("t.at"),
         r#"
             FROM (SELECT coalesce($6, now() + make_interval(secs => coalesce($7, 0))) AS at) t
@@ -309,6 +317,7 @@ async fn job_insert_replacing(
     .bind(wake.routes())
     .bind(replace.args)
     .bind(replace.run_after)
+    .bind(&job.trace_context)
     .bind(&job.time.concurrency_key)
     .bind(&job.time.rate_key)
     .fetch_optional(&mut *conn)

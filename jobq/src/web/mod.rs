@@ -132,13 +132,19 @@ impl WebConfig {
     }
 
     /// Links a job's trace id, as `template` with `{trace_id}` replaced
-    /// (`"https://tracing.example.com/trace/{trace_id}"`). Reserved: jobs carry no trace id
-    /// until trace capture (the planned `otel` feature) records one, so nothing is linked
-    /// yet.
+    /// (`"https://tracing.example.com/trace/{trace_id}"`). Jobs carry a trace id when they
+    /// were enqueued inside a traced span with the `otel` feature.
     #[must_use]
     pub fn trace_url(mut self, template: impl Into<String>) -> Self {
         self.trace_url = Some(template.into());
         self
+    }
+
+    /// The link to trace `trace_id` (32 hex digits), if a template is set.
+    fn trace_link(&self, trace_id: &str) -> Option<String> {
+        self.trace_url
+            .as_ref()
+            .map(|t| t.replace("{trace_id}", trace_id))
     }
 
     /// Bulk replays go at most this many jobs per second (default 50).

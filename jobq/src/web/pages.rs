@@ -442,6 +442,9 @@ struct JobPage {
     fields: Vec<(&'static str, String)>,
     payload: Option<String>,
     output: Option<String>,
+    /// The trace the job was enqueued in, and its link when `WebConfig::trace_url` is set.
+    trace_id: Option<String>,
+    trace_link: Option<String>,
     errors: Vec<ErrorEntry>,
     audit: Vec<AuditLine>,
     can_replay: bool,
@@ -514,10 +517,14 @@ pub(super) async fn job(
         .as_ref()
         .filter(|_| ctx.sees_payloads())
         .map(|o| serde_json::to_string_pretty(o).unwrap_or_default());
+    let trace_id = j.trace_id();
+    let trace_link = trace_id.as_deref().and_then(|t| app.config.trace_link(t));
     render(&JobPage {
         page: Page::new(&ctx, "jobs", format!("Job {id}"), &q),
         id,
         output,
+        trace_id,
+        trace_link,
         state: j.state.clone(),
         can_replay: matches!(j.state.as_str(), "failed" | "cancelled"),
         can_cancel: matches!(j.state.as_str(), "pending" | "failed")
