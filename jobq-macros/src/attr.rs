@@ -9,12 +9,14 @@ use syn::{Ident, LitInt, LitStr, Path, Token};
 
 use crate::ctxt::Errors;
 use crate::grammar::{self, Millis, Policy};
+use crate::limits::{self, LimitsAttr};
 use crate::time::{self, TimeAttr};
 
 /// Every key `#[job]` accepts, for the "unknown key" message.
 const KEYS: &str = "`kind`, `name`, `retry`, `idempotency`, `queue`, `priority`, `lease`, \
                     `timeout`, `cron`, `tz`, `every`, `missed`, `unique`, `debounce`, \
-                    `max_age`, `version`, `ordering`, `ordering_scope`, `crate`";
+                    `max_age`, `version`, `ordering`, `ordering_scope`, `concurrency`, \
+                    `concurrency_key`, `rate`, `rate_key`, `burst`, `crate`";
 
 /// The longest kind and queue names the runtime accepts, and its shortest lease, checked
 /// here for errors that point at the token. They are jobq's `MAX_KIND_LEN`,
@@ -48,6 +50,8 @@ pub(crate) struct JobAttr {
     pub(crate) krate: Option<Path>,
     /// `cron`, `tz`, `every`, `missed`, `unique`, `debounce`, `max_age`, `version`.
     pub(crate) time: TimeAttr,
+    /// `concurrency`, `concurrency_key`, `rate`, `rate_key`, `burst`.
+    pub(crate) limits: LimitsAttr,
 }
 
 /// Parses the attribute's arguments, recording every mistake in `errors`.
@@ -106,6 +110,18 @@ pub(crate) fn parse(args: TokenStream, errors: &mut Errors) -> JobAttr {
             Some("debounce") => time::parse_debounce(&meta).map(|v| out.time.debounce = Some(v)),
             Some("max_age") => time::parse_max_age(&meta).map(|v| out.time.max_age = Some(v)),
             Some("version") => time::parse_version(&meta).map(|v| out.time.version = Some(v)),
+            Some("concurrency") => {
+                limits::parse_count(&meta, "concurrency").map(|v| out.limits.concurrency = Some(v))
+            }
+            Some("concurrency_key") => limits::parse_field(&meta, "concurrency_key")
+                .map(|v| out.limits.concurrency_key = Some(v)),
+            Some("rate") => limits::parse_rate(&meta).map(|v| out.limits.rate = Some(v)),
+            Some("rate_key") => {
+                limits::parse_field(&meta, "rate_key").map(|v| out.limits.rate_key = Some(v))
+            }
+            Some("burst") => {
+                limits::parse_count(&meta, "burst").map(|v| out.limits.burst = Some(v))
+            }
             _ => Err(meta.error(format!(
                 "unknown `#[job]` key `{}`; expected one of {KEYS}",
                 path_text(&meta.path)

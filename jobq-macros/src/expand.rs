@@ -18,6 +18,7 @@ pub(crate) fn job(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let attr = attr::parse(args, &mut errors);
     crate::time::check(&attr.time, &mut errors);
+    crate::limits::check(&attr.limits, &mut errors);
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
         Err(_) => {
@@ -119,6 +120,7 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
                 ::core::option::Option::Some(#scope);
         )
     });
+    let limits = crate::limits::expand(&attr.limits, &p);
 
     // The call of the user's function. The signature of `run` carries the span of the
     // user's function, so a future that is not `Send` is reported there.
@@ -224,6 +226,7 @@ fn generate(func: &ItemFn, attr: &JobAttr, h: &Handler<'_>) -> TokenStream {
             #ordering
             #ordering_scope
             #time
+            #limits
 
             fn run(#ctx_param: #p::JobContext, args: <Self as #p::Job>::Args) -> #run_ret {
                 #body

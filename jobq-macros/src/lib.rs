@@ -15,6 +15,7 @@ mod ctxt;
 mod event;
 mod expand;
 mod grammar;
+mod limits;
 mod respan;
 mod time;
 

@@ -55,8 +55,8 @@ use crate::registry::{JobHandler, registered_jobs};
 use crate::store::{self, Actor, TerminalFilter};
 
 pub use crate::store::{
-    AuditRow, FailedGroup, JobRow, JobSummary, ParkedKey, ScheduleRow, TerminalJob, Transition,
-    Unparked,
+    AuditRow, FailedGroup, JobRow, JobSummary, LimitRow, LimitUsage, ParkedKey, ScheduleRow,
+    TerminalJob, Transition, Unparked,
 };
 
 /// Operator actions over one pool, by one actor.
@@ -205,6 +205,39 @@ pub struct QueueChange {
     pub was_paused: bool,
     /// Whether it is paused now.
     pub paused: bool,
+}
+
+/// What a limit applies to: every job of a kind, or every job of a queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitTarget {
+    /// A job kind (concurrency and rate limits).
+    Kind(String),
+    /// A queue (concurrency limits only).
+    Queue(String),
+}
+
+impl LimitTarget {
+    /// The scope and name, after checking the name as enqueue does.
+    fn parts(&self) -> Result<(&'static str, &str), Error> {
+        let (scope, name, max) = match self {
+            LimitTarget::Kind(k) => ("kind", k, crate::job::MAX_KIND_LEN),
+            LimitTarget::Queue(q) => ("queue", q, crate::job::MAX_QUEUE_LEN),
+        };
+        store::validate_name(scope, name, max)?;
+        Ok((scope, name))
+    }
+}
+
+/// An operator's change to a limit ([`Admin::limit_set`]); fields left `None` keep their
+/// value (the operator's, else the code's).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LimitSet {
+    /// The most running jobs (per concurrency key for a kind limited per key).
+    pub concurrency: Option<u32>,
+    /// The rate (kinds only).
+    pub rate: Option<crate::Rate>,
+    /// The bucket's size, with a new `rate` (default: the rate's count).
+    pub burst: Option<u32>,
 }
 
 /// One job with its audit trail, as [`Admin::job`] returns it.
@@ -463,6 +496,87 @@ impl Admin {
             Some(t) => Ok(t),
             None => Err(self.refuse(id, "edit-payload", "failed or cancelled").await),
         }
+    }
+
+    /// Every limit in force (code and operator rows merged), with its usage now:
+    /// running jobs, tokens in the kind-wide bucket and when the next one comes, key
+    /// buckets and throttles.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`].
+    pub async fn limits(&self) -> Result<Vec<LimitUsage>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        store::limits_usage(&mut conn, None).await
+    }
+
+    /// Sets an operator's limit on `target`, audited (`limit_set`); every node claims by
+    /// it within a poll interval. The operator's fields win over the code's until
+    /// [`limit_clear`](Self::limit_clear). Returns whether anything was written.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for an empty change (`empty_limit`), a concurrency or burst of
+    /// 0 (`invalid_limit`), a rate on a queue or a burst without a rate
+    /// (`invalid_limit`), a bad name; [`Error::Database`].
+    pub async fn limit_set(
+        &self,
+        target: &LimitTarget,
+        change: &LimitSet,
+        reason: Option<&str>,
+    ) -> Result<bool, Error> {
+        let (scope, name) = target.parts()?;
+        if change == &LimitSet::default() {
+            return Err(Error::invalid(
+                "empty_limit",
+                "give a concurrency, a rate, or both",
+            ));
+        }
+        if change.concurrency == Some(0) || change.burst == Some(0) {
+            return Err(Error::invalid(
+                "invalid_limit",
+                "a concurrency or burst must be at least 1 (pause a queue with `jobq pause`)",
+            ));
+        }
+        if scope == "queue" && change.rate.is_some() {
+            return Err(Error::invalid(
+                "invalid_limit",
+                "a queue takes a concurrency limit only; rate-limit its kinds",
+            ));
+        }
+        if change.burst.is_some() && change.rate.is_none() {
+            return Err(Error::invalid(
+                "invalid_limit",
+                "a burst goes with a rate: give both",
+            ));
+        }
+        let clamp = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+        let c = store::LimitChange {
+            concurrency: change.concurrency.map(clamp),
+            rate: change
+                .rate
+                .map(|r| (clamp(r.count()), r.period().as_secs_f64())),
+            burst: change.burst.map(clamp),
+        };
+        let mut conn = self.pool.acquire().await?;
+        store::limit_set(&mut conn, scope, name, Some(&c), self.who(reason)).await
+    }
+
+    /// Removes the operator's limit on `target`, audited (`limit_clear`): the code's
+    /// limit, if any, applies again within a poll interval. Returns whether there was
+    /// one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for a bad name; [`Error::Database`].
+    pub async fn limit_clear(
+        &self,
+        target: &LimitTarget,
+        reason: Option<&str>,
+    ) -> Result<bool, Error> {
+        let (scope, name) = target.parts()?;
+        let mut conn = self.pool.acquire().await?;
+        store::limit_set(&mut conn, scope, name, None, self.who(reason)).await
     }
 
     /// Pauses `queue`: producers on every node stop claiming from it at their next claim

@@ -390,6 +390,31 @@ impl JobContext {
         }
     }
 
+    /// Slows every job of rate key `key` of this attempt's kind until `until`, on every
+    /// node: no job of the key is claimed before then, and after it the key's bucket
+    /// refills from one token at its rate. The key is the jobs' `rate_key` for a kind
+    /// limited per key, else the kind's name ([`kind`](Self::kind)), which slows the
+    /// whole kind; a kind with no rate limit honours throttles too. A later throttle of
+    /// the same key is kept. Return the attempt's own `Err(... retry_after)` as usual.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] (`invalid_rate_key`) for an empty key or one with a NUL;
+    /// [`Error::Database`]. A detached context does nothing.
+    pub async fn throttle(&self, key: &str, until: DateTime<Utc>) -> Result<(), Error> {
+        if key.is_empty() || key.contains('\0') {
+            return Err(Error::invalid(
+                "invalid_rate_key",
+                "a rate key must be non-empty text without NUL characters",
+            ));
+        }
+        let Some(l) = &self.inner.lease else {
+            return Ok(());
+        };
+        let mut conn = l.own.acquire().await?;
+        store::rate_throttle(&mut conn, &self.inner.kind, key, until).await
+    }
+
     /// A guard that cancels this attempt's token when dropped (the executor holds it for
     /// the length of the attempt).
     pub(crate) fn cancel_on_drop(&self) -> tokio_util::sync::DropGuard {

@@ -100,6 +100,9 @@ pub trait Job: Send + Sync + 'static {
     /// and pushes its `run_after` to now plus this; implies a uniqueness rule over pending
     /// jobs (by the `unique(by = …)` fields, or one pending job per kind).
     const DEBOUNCE: Option<Duration> = None;
+    /// The kind's cluster-wide concurrency and rate limits (`#[job(concurrency = 5)]`,
+    /// `rate = "100/s"`); an operator's `jobq limit set` overrides them at run time.
+    const LIMITS: crate::KindLimits = crate::KindLimits::NONE;
 
     /// The arguments, stored as JSON in `jobs.payload`.
     type Args: Serialize + DeserializeOwned + Send + 'static;
@@ -122,6 +125,20 @@ pub trait Job: Send + Sync + 'static {
     /// jobs with the same key (in the same scope) run one at a time, in enqueue order.
     /// `None` (the default): the job is not ordered.
     fn ordering_key(args: &Self::Args) -> Option<String> {
+        let _ = args;
+        None
+    }
+
+    /// The concurrency key of `args` (`concurrency_key = field`): with a per-key
+    /// concurrency limit, at most that many jobs of one key run at once.
+    fn concurrency_key(args: &Self::Args) -> Option<String> {
+        let _ = args;
+        None
+    }
+
+    /// The rate key of `args` (`rate_key = field`): with a per-key rate limit, each key
+    /// has a token bucket of its own.
+    fn rate_key(args: &Self::Args) -> Option<String> {
         let _ = args;
         None
     }
@@ -275,6 +292,8 @@ pub struct EnqueueBuilder<J: Job> {
     on_conflict: Option<Replace>,
     max_age: Option<Duration>,
     deadline: Option<DateTime<Utc>>,
+    concurrency_key: Option<String>,
+    rate_key: Option<String>,
     _job: PhantomData<fn() -> J>,
 }
 
@@ -293,6 +312,9 @@ impl<J: Job> fmt::Debug for EnqueueBuilder<J> {
             .field("on_conflict", &self.on_conflict)
             .field("max_age", &self.max_age)
             .field("deadline", &self.deadline)
+            .field("ordering_key", &self.ordering_key)
+            .field("concurrency_key", &self.concurrency_key)
+            .field("rate_key", &self.rate_key)
             .finish_non_exhaustive()
     }
 }
@@ -314,6 +336,8 @@ impl<J: Job> EnqueueBuilder<J> {
             on_conflict: None,
             max_age: J::MAX_AGE,
             deadline: None,
+            concurrency_key: None,
+            rate_key: None,
             _job: PhantomData,
         }
     }
@@ -363,6 +387,21 @@ impl<J: Job> EnqueueBuilder<J> {
     /// `jobq unpark`. Must be enqueued in a READ COMMITTED transaction (the default).
     pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
         self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// Overrides the concurrency key the kind derives from its args (`concurrency_key =
+    /// field`): with a per-key concurrency limit, at most that many jobs of one key run
+    /// at once across all nodes.
+    pub fn concurrency_key(mut self, key: impl Into<String>) -> Self {
+        self.concurrency_key = Some(key.into());
+        self
+    }
+
+    /// Overrides the rate key the kind derives from its args (`rate_key = field`): with
+    /// a per-key rate limit, each key has a token bucket of its own.
+    pub fn rate_key(mut self, key: impl Into<String>) -> Self {
+        self.rate_key = Some(key.into());
         self
     }
 
@@ -556,6 +595,11 @@ impl<J: Job> EnqueueBuilder<J> {
             replace: on_conflict,
             max_age_secs: self.max_age.map(|d| d.as_secs_f64()),
             deadline: self.deadline,
+            concurrency_key: self
+                .concurrency_key
+                .clone()
+                .or_else(|| J::concurrency_key(&self.args)),
+            rate_key: self.rate_key.clone().or_else(|| J::rate_key(&self.args)),
         })
     }
 }

@@ -77,6 +77,7 @@ pub mod web;
 
 pub use context::{InTransaction, JobContext};
 pub use error::{Classification, Classify, Disposition, Error, JobError};
+pub use flow::limits::{KindLimits, Rate};
 pub use ids::{JobState, UnknownState};
 pub use job::{
     Conn, DecodeError, EnqueueBuilder, Enqueued, Job, JobId, MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN,
@@ -316,6 +317,7 @@ pub mod __private {
 
     pub use crate::context::JobContext;
     pub use crate::error::{Classification, Classify, Disposition, Error};
+    pub use crate::flow::limits::{KindLimits, Rate};
     pub use crate::job::{
         Conn, DecodeError, EnqueueBuilder, Enqueued, Job, MAX_KIND_LEN, MAX_QUEUE_LEN, MIN_LEASE,
         Replace, Unique, UniqueState, Upgrade, decode_as,

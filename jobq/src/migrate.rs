@@ -66,6 +66,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0008_ordering.sql"),
     },
     Migration {
+        version: 9,
+        name: "limits",
+        sql: include_str!("../migrations/0009_limits.sql"),
+    },
+    Migration {
         version: 10,
         name: "traces",
         sql: include_str!("../migrations/0010_traces.sql"),

@@ -48,6 +48,7 @@ trait ErasedJob: Send + Sync + 'static {
     fn type_name(&self) -> &'static str;
     fn queue(&self) -> &'static str;
     fn lease(&self) -> Duration;
+    fn limits(&self) -> crate::KindLimits;
     fn timeout(&self) -> Option<Duration>;
     fn retry(&self) -> RetryPolicy;
     fn check(&self, payload: &str) -> Result<(), String>;
@@ -74,6 +75,9 @@ impl<J: Job> ErasedJob for Typed<J> {
     }
     fn lease(&self) -> Duration {
         J::LEASE
+    }
+    fn limits(&self) -> crate::KindLimits {
+        J::LIMITS
     }
     fn timeout(&self) -> Option<Duration> {
         J::TIMEOUT
@@ -144,6 +148,11 @@ impl JobHandler {
     /// Its lease.
     pub fn lease(&self) -> Duration {
         self.inner.lease()
+    }
+
+    /// Its code's concurrency and rate limits.
+    pub fn limits(&self) -> crate::KindLimits {
+        self.inner.limits()
     }
 
     /// Its per-attempt timeout.

@@ -737,3 +737,105 @@ async fn unpark_lets_a_parked_key_proceed_and_show_says_what_it_waits_behind() {
     assert_eq!(again["error"]["code"], "not_found");
     db.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_list_set_and_clear() {
+    let db = TestDatabase::new().await.unwrap();
+    let url = url(&db);
+    // A runtime's code limit, as `Runtime::start` writes it.
+    sqlx::query(
+        "INSERT INTO jobq.limits (scope, name, source, concurrency, per_key)
+         VALUES ('kind', 'deliver', 'code', 5, true)",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO jobq.jobs (kind, payload, state, locked_until, locked_by, concurrency_key)
+         SELECT 'deliver', '{}', 'running', now() + interval '1 minute', 'w', k
+         FROM unnest(ARRAY['a', 'a', 'b']) k",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+
+    let rows = json(&url, &["limits"]);
+    assert_eq!(rows[0]["name"], "deliver");
+    assert_eq!(rows[0]["concurrency"], 5);
+    assert_eq!(rows[0]["running"], 3);
+    assert_eq!(rows[0]["busiest_key_running"], 2);
+    assert_eq!(rows[0]["source"], "code");
+
+    ok(
+        &url,
+        &[
+            "limit",
+            "set",
+            "deliver",
+            "--concurrency",
+            "3",
+            "--rate",
+            "50/s",
+            "--burst",
+            "10",
+            "--reason",
+            "provider asked",
+        ],
+    );
+    ok(
+        &url,
+        &["limit", "set", "--queue", "mail", "--concurrency", "20"],
+    );
+    let rows = json(&url, &["limits"]);
+    assert_eq!(rows[0]["concurrency"], 3);
+    assert_eq!(rows[0]["rate_count"], 50);
+    assert_eq!(rows[0]["burst"], 10);
+    assert_eq!(rows[0]["tokens"], 10.0);
+    assert_eq!(rows[0]["source"], "code+operator");
+    assert_eq!(rows[0]["updated_by"], "ops-test");
+    assert_eq!(
+        (rows[1]["scope"].as_str(), rows[1]["concurrency"].as_i64()),
+        (Some("queue"), Some(20))
+    );
+    let table = ok(&url, &["limits"]);
+    assert!(table.contains("2 of 3 per key (busiest key)"), "{table}");
+    assert!(table.contains("50/s burst 10"), "{table}");
+
+    // Bad input is a classified error, not a crash.
+    assert!(err(&url, &["limit", "set", "deliver", "--rate", "50/day"]).contains("50/day"));
+    assert!(
+        err(&url, &["limit", "set", "--queue", "mail", "--rate", "5/s"]).contains("invalid_limit")
+    );
+    assert!(err(&url, &["limit", "set", "deliver"]).contains("empty_limit"));
+
+    let cleared = json(
+        &url,
+        &["limit", "set", "deliver", "--clear", "--reason", "over"],
+    );
+    assert_eq!(cleared["changed"], true);
+    let rows = json(&url, &["limits"]);
+    assert_eq!(
+        (
+            rows[0]["concurrency"].as_i64(),
+            rows[0]["rate_count"].as_i64()
+        ),
+        (Some(5), None)
+    );
+    let audit: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT action, actor, reason FROM jobq.job_audit WHERE action LIKE 'limit_%' ORDER BY id",
+    )
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(audit.len(), 3);
+    assert_eq!(
+        audit[0],
+        (
+            "limit_set".into(),
+            "ops-test".into(),
+            Some("provider asked".into())
+        )
+    );
+    assert_eq!(audit[2].0, "limit_clear");
+    db.close().await;
+}

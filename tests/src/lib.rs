@@ -125,6 +125,30 @@ pub async fn job_state(pool: &sqlx::PgPool, id: jobq::JobId) -> (String, i32) {
         .unwrap_or_else(|e| panic!("job {id} not found: {e}"))
 }
 
+/// Worker processes a test started, SIGKILLed and reaped when dropped (a failed
+/// assertion leaves no process behind).
+#[derive(Debug, Default)]
+pub struct Nodes(pub Vec<std::process::Child>);
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The jobs of `kind` in `state`.
+pub async fn count_in_state(pool: &sqlx::PgPool, kind: &str, state: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM jobq.jobs WHERE kind = $1 AND state = $2")
+        .bind(kind)
+        .bind(state)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// Arguments carrying one number.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct N {

@@ -10,7 +10,7 @@ use jobq::admin::Admin;
 use jobq::maintenance::SchedulerConfig;
 use jobq::{JobError, Missed, Runtime, Schedule};
 use jobq_testing::TestDatabase;
-use tests::N;
+use tests::{N, Nodes};
 
 #[jobq::job(kind = "ping")]
 async fn ping(_args: N) -> Result<(), JobError> {
@@ -53,17 +53,6 @@ async fn slots(pool: &sqlx::PgPool, name: &str) -> Vec<DateTime<Utc>> {
     .fetch_all(pool)
     .await
     .unwrap()
-}
-
-struct Nodes(Vec<Child>);
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@
 //! up on a noisy machine better than the absolute figures do.
 //!
 //! `LIST` is a comma-separated subset of
-//! `ceiling,enqueue,drain,dirty,ordering,latency,notify,scale,outbox`
+//! `ceiling,enqueue,drain,dirty,ordering,latency,notify,scale,outbox,limits`
 //! (`soak` and `held` too, when asked for by their flags).
 //! `--quick` is a smoke run for CI (under a minute); it fails only on errors, never on
 //! timing. The long rows run only when asked: `--soak` (10 minutes of steady load, or
@@ -26,6 +26,7 @@
 //! `ALTER SYSTEM` (when the server has it off) and puts `postgresql.auto.conf` back as
 //! it was when it ends. `--autovacuum-off` runs with it off instead, for comparison.
 
+mod limits;
 mod ordering;
 mod outbox;
 mod raw;
@@ -107,7 +108,7 @@ impl Settings {
                 }
                 "-h" | "--help" => {
                     println!(
-                        "bench [--quick] [--jobs N] [--reps R] [--concurrency 1,16,64,256] [--only ceiling,enqueue,drain,dirty,ordering,latency,notify,scale,outbox,soak,held] [--soak] [--soak-minutes M] [--held-snapshot] [--autovacuum-off]"
+                        "bench [--quick] [--jobs N] [--reps R] [--concurrency 1,16,64,256] [--only ceiling,enqueue,drain,dirty,ordering,latency,notify,scale,outbox,limits,soak,held] [--soak] [--soak-minutes M] [--held-snapshot] [--autovacuum-off]"
                     );
                     std::process::exit(0);
                 }
@@ -237,6 +238,9 @@ async fn sections(s: &Settings, db: &BenchDb, started: Instant) -> anyhow::Resul
     }
     if s.wants("outbox") {
         outbox::outbox(s, db, &mut report).await?;
+    }
+    if s.wants("limits") {
+        limits::limits(s, db, &mut report).await?;
     }
     if let Some(minutes) = s.soak_minutes
         && s.wants("soak")

@@ -52,6 +52,7 @@ pub const DEFAULT_PREFETCH: usize = 64;
 pub struct RuntimeBuilder {
     pool: PgPool,
     queues: BTreeMap<String, usize>,
+    queue_limits: BTreeMap<String, u32>,
     prefetch: usize,
     handlers: Vec<JobHandler>,
     auto_register: bool,
@@ -100,6 +101,14 @@ impl RuntimeBuilder {
     /// only the named queues are served.
     pub fn queue(mut self, queue: impl Into<String>, concurrency: usize) -> Self {
         self.queues.insert(queue.into(), concurrency);
+        self
+    }
+
+    /// Caps `queue` at `limit` running jobs across every node (a row of `jobq.limits`
+    /// written at start; an operator's `jobq limit set --queue` overrides it). Each
+    /// process's own concurrency for the queue ([`queue`](Self::queue)) stays as it is.
+    pub fn queue_limit(mut self, queue: impl Into<String>, limit: u32) -> Self {
+        self.queue_limits.insert(queue.into(), limit);
         self
     }
 
@@ -241,6 +250,14 @@ impl RuntimeBuilder {
                 queues.insert(h.queue().to_owned(), DEFAULT_CONCURRENCY);
             }
         }
+        for (name, limit) in &self.queue_limits {
+            crate::store::validate_name("queue", name, crate::job::MAX_QUEUE_LEN)?;
+            if *limit == 0 {
+                return Err(Error::Config(format!(
+                    "queue `{name}` has a limit of 0; give it at least 1 (pause a queue with `jobq pause`)"
+                )));
+            }
+        }
         for (name, concurrency) in &queues {
             crate::store::validate_name("queue", name, crate::job::MAX_QUEUE_LEN)?;
             if *concurrency == 0 {
@@ -276,6 +293,15 @@ impl RuntimeBuilder {
             self.scheduler.clone().unwrap_or_default(),
             periodic,
         )?;
+        let limits = crate::flow::limits::LimitCache::new(
+            registry
+                .handlers()
+                .map(|h| (h.kind().to_owned(), h.limits())),
+            queues
+                .keys()
+                .map(|q| (q.clone(), self.queue_limits.get(q).copied())),
+            self.poll_interval,
+        );
         let (kinds, lease_secs) = registry
             .handlers()
             .map(|h| (h.kind().to_owned(), h.lease().as_secs_f64()))
@@ -302,6 +328,7 @@ impl RuntimeBuilder {
                 scheduler: self.scheduler.map(|_| scheduler.clone()),
                 schedules: scheduler,
                 relays: self.relays,
+                limits,
             }),
         })
     }
@@ -380,6 +407,8 @@ pub(crate) struct Config {
     /// The scheduler over its schedules, run or not (for [`Runtime::scheduler`]).
     pub(crate) schedules: Scheduler,
     pub(crate) relays: Vec<crate::outbox::Relay>,
+    /// The concurrency and rate limits in force, as last read.
+    pub(crate) limits: crate::flow::limits::LimitCache,
 }
 
 /// A configured runtime, not yet running.
@@ -407,6 +436,7 @@ impl Runtime {
         RuntimeBuilder {
             pool,
             queues: BTreeMap::new(),
+            queue_limits: BTreeMap::new(),
             prefetch: DEFAULT_PREFETCH,
             handlers: Vec::new(),
             auto_register: true,

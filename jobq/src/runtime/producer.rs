@@ -22,7 +22,7 @@ use super::lease::RunningSet;
 use super::spares::{LINGER, Spares};
 use super::{Config, DrainReport, DrainedAttempt};
 use crate::error::Error;
-use crate::store::{self, ClaimParams, ClaimedJob};
+use crate::store::{ClaimParams, ClaimedJob};
 
 pub(crate) struct Producer {
     pub(crate) config: Arc<Config>,
@@ -87,10 +87,10 @@ impl Producer {
             let want = permits.len();
             let sent = Instant::now();
             let claimed = claim(&self.config, &conn, &self.queue, want, None).await;
-            let jobs = match claimed {
-                Ok(jobs) => {
+            let (jobs, retry_in) = match claimed {
+                Ok(c) => {
                     backoff = Duration::from_millis(100);
-                    jobs
+                    (c.jobs, c.retry_in)
                 }
                 Err(e) => {
                     warn!(queue = %self.queue, error = %e, "claim failed; retrying in {backoff:?}");
@@ -125,15 +125,28 @@ impl Producer {
                 // from the same queue, SKIP LOCKED returns fewer rows than asked while
                 // plenty are due, and waiting for a poll here idled whole processes.
                 // Claiming again costs one statement when the queue is really dry.)
+                // Jobs held back by a limit are looked at again when it may let them
+                // go (a bucket's next token, a concurrency recheck), at least
+                // MIN_LIMIT_WAIT later so tokens are claimed a few at a time.
+                let wait = retry_in.map_or(self.config.poll_interval, |d| {
+                    d.clamp(
+                        MIN_LIMIT_WAIT,
+                        self.config.poll_interval.max(MIN_LIMIT_WAIT),
+                    )
+                });
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = self.wake.notified() => {}
-                    _ = tokio::time::sleep(self.config.poll_interval) => {}
+                    _ = tokio::time::sleep(wait) => {}
                 }
             }
         }
     }
 }
+
+/// The shortest wait for jobs a limit held back, so tokens are claimed a few at a time
+/// (a bucket smaller than its rate's 10 ms worth runs a little below its rate).
+const MIN_LIMIT_WAIT: Duration = Duration::from_millis(10);
 
 /// How long a busy producer waits for more free slots before it claims.
 const GATHER_WAIT: Duration = Duration::from_millis(5);
@@ -240,16 +253,18 @@ async fn gather(held: &Arc<Semaphore>, permits: &mut Vec<OwnedSemaphorePermit>, 
     }
 }
 
-/// Claims on a connection from `conn`, keeping it there if the claim succeeded.
+/// Claims on a connection from `conn` within the limits in force (read again when older
+/// than the poll interval), keeping the connection there if the claim succeeded.
 async fn claim(
     config: &Config,
     conn: &Spares,
     queue: &str,
     limit: usize,
     now: Option<DateTime<Utc>>,
-) -> Result<Vec<ClaimedJob>, Error> {
+) -> Result<crate::flow::limits::Claimed, Error> {
     let mut held = conn.take().await?;
-    let jobs = store::job_claim(
+    let limits = config.limits.get(&mut held, now).await?;
+    let jobs = crate::flow::limits::claim(
         &mut held,
         &ClaimParams {
             queue,
@@ -259,6 +274,8 @@ async fn claim(
             worker: &config.worker_id,
             now,
         },
+        &limits,
+        config.poll_interval,
     )
     .await?;
     conn.keep(held);
@@ -293,7 +310,7 @@ pub(crate) async fn drain(
         for queue in config.queues.keys() {
             // One at a time: this task is a single slot, and a claimed job's lease starts
             // at the claim, so claiming ahead would age leases of jobs not yet started.
-            let claimed = claim(config, &conn, queue, 1, now).await?;
+            let claimed = claim(config, &conn, queue, 1, now).await?.jobs;
             // The attempt writes its outcome on a connection of its own: on a pool of
             // one, a kept one would leave it none.
             conn.release();

@@ -465,7 +465,7 @@ pub(crate) async fn job_claim(
     conn: &mut PgConnection,
     p: &ClaimParams<'_>,
 ) -> Result<Vec<ClaimedJob>, Error> {
-    let rows = sqlx::query(
+    let rows = sqlx::query(concat!(
         r#"
         WITH served AS (
             SELECT * FROM unnest($2::text[], $3::float8[]) AS s(kind, lease)
@@ -487,20 +487,14 @@ pub(crate) async fn job_claim(
             LIMIT $4
         )
         UPDATE jobq.jobs j
-        SET state = 'running',
-            attempts = j.attempts + 1,
-            lease_gen = j.lease_gen + 1,
-            locked_until = coalesce($6, now()) + make_interval(secs => s.lease),
-            locked_by = $5,
-            started_at = coalesce($6, now())
+        "#,
+        claim_set_sql!("$5", "$6"),
+        r#"
         FROM candidates c, served s
         WHERE j.id = c.id AND s.kind = j.kind
-        RETURNING j.id, j.lease_gen, j.attempts, j.max_attempts, j.kind, j.queue,
-                  j.payload::text AS payload, j.priority, j.created_at, j.payload_version,
-                  j.trace_context::text AS trace_context,
-                  greatest(extract(epoch FROM j.started_at - j.run_after), 0)::float8 AS wait_secs
         "#,
-    )
+        claim_returning_sql!()
+    ))
     .bind(p.queue)
     .bind(p.kinds)
     .bind(p.lease_secs)
@@ -509,6 +503,14 @@ pub(crate) async fn job_claim(
     .bind(p.now)
     .fetch_all(&mut *conn)
     .await?;
+    claimed_from_rows(rows)
+}
+
+/// The claimed jobs of a claim's `RETURNING` rows, oldest first as the queue's order
+/// says (`UPDATE … RETURNING` keeps no order).
+pub(crate) fn claimed_from_rows(
+    rows: Vec<sqlx::postgres::PgRow>,
+) -> Result<Vec<ClaimedJob>, Error> {
     let mut jobs = Vec::with_capacity(rows.len());
     for row in rows {
         jobs.push(ClaimedJob {
@@ -526,7 +528,6 @@ pub(crate) async fn job_claim(
             wait_secs: row.try_get("wait_secs")?,
         });
     }
-    // Oldest first, as the queue's order says; UPDATE … RETURNING keeps no order.
     jobs.sort_by_key(|j| (j.priority, j.id));
     Ok(jobs)
 }

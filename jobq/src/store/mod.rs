@@ -48,11 +48,43 @@ macro_rules! state_sql {
     };
 }
 
+/// The `SET` of a claim's `UPDATE jobq.jobs j`: running, one more attempt, a new lease
+/// generation, the lease of the kind (`s.lease`, from the `served` CTE), the worker and
+/// the clock at the given parameters. Every claim (`job_claim`, `claim_apply`,
+/// `claim_kind_wide`) uses it, so a claimed row is the same whichever claimed it.
+macro_rules! claim_set_sql {
+    ($worker:literal, $now:literal) => {
+        concat!(
+            "SET state = 'running', attempts = j.attempts + 1, lease_gen = j.lease_gen + 1, ",
+            "locked_until = coalesce(",
+            $now,
+            ", now()) + make_interval(secs => s.lease), locked_by = ",
+            $worker,
+            ", started_at = coalesce(",
+            $now,
+            ", now())"
+        )
+    };
+}
+
+/// The `RETURNING` of a claim, as `claimed_from_rows` reads it.
+macro_rules! claim_returning_sql {
+    () => {
+        r#"
+        RETURNING j.id, j.lease_gen, j.attempts, j.max_attempts, j.kind, j.queue,
+                  j.payload::text AS payload, j.priority, j.created_at, j.payload_version,
+                  j.trace_context::text AS trace_context,
+                  greatest(extract(epoch FROM j.started_at - j.run_after), 0)::float8 AS wait_secs
+        "#
+    };
+}
+
 mod admin;
 mod browse;
 mod effects;
 mod jobs;
 mod lease;
+mod limits;
 mod migrations;
 mod ordering;
 #[cfg(test)]
@@ -78,6 +110,8 @@ pub(crate) use effects::*;
 pub(crate) use jobs::*;
 pub use lease::ReapReport;
 pub(crate) use lease::*;
+pub(crate) use limits::*;
+pub use limits::{LimitRow, LimitUsage};
 pub(crate) use migrations::*;
 pub(crate) use ordering::*;
 pub use ordering::{ParkedKey, Unparked};

@@ -27,6 +27,10 @@ pub(crate) struct TimeOpts {
     pub(crate) max_age_secs: Option<f64>,
     /// `expires_at` at most this.
     pub(crate) deadline: Option<DateTime<Utc>>,
+    /// `jobs.concurrency_key` (`0009_limits`).
+    pub(crate) concurrency_key: Option<String>,
+    /// `jobs.rate_key` (`0009_limits`).
+    pub(crate) rate_key: Option<String>,
 }
 
 impl Default for TimeOpts {
@@ -39,6 +43,8 @@ impl Default for TimeOpts {
             replace: None,
             max_age_secs: None,
             deadline: None,
+            concurrency_key: None,
+            rate_key: None,
         }
     }
 }
@@ -50,6 +56,8 @@ impl TimeOpts {
             && self.unique_key.is_none()
             && self.max_age_secs.is_none()
             && self.deadline.is_none()
+            && self.concurrency_key.is_none()
+            && self.rate_key.is_none()
     }
 }
 
@@ -105,19 +113,22 @@ pub(crate) async fn job_insert_timed(
             FROM unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::int4[],
                         $6::timestamptz[], $7::float8[], $8::text[], $9::int4[], $10::text[],
                         $11::int2[], $12::float8[], $13::float8[], $14::timestamptz[],
-                        $17::text[])
+                        $17::text[], $18::text[], $19::text[])
                  WITH ORDINALITY AS t(kind, queue, payload, priority, max_attempts,
                                       run_after, delay, idempotency_key, version, ukey,
-                                      ustates, uperiod, max_age, deadline, trace, ord)
+                                      ustates, uperiod, max_age, deadline, trace, ckey, rkey,
+                                      ord)
         ),
         ins AS (
             INSERT INTO jobq.jobs
                 (id, kind, queue, payload, priority, max_attempts, run_after, idempotency_key,
-                 payload_version, unique_key, unique_states, expires_at, trace_context, state)
+                 payload_version, unique_key, unique_states, expires_at, trace_context,
+                 concurrency_key, rate_key, state)
             SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts, at,
                    idempotency_key, version, unique_key,
                    CASE WHEN unique_key IS NOT NULL THEN ustates END,
-                   least(now() + make_interval(secs => max_age), deadline), trace::jsonb, "#,
+                   least(now() + make_interval(secs => max_age), deadline), trace::jsonb,
+                   ckey, rkey, "#,
         state_sql!("at"),
         r#"
             FROM input,
@@ -205,6 +216,16 @@ pub(crate) async fn job_insert_timed(
             .map(|j| j.trace_context.as_deref())
             .collect::<Vec<_>>(),
     )
+    .bind(
+        jobs.iter()
+            .map(|j| j.time.concurrency_key.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        jobs.iter()
+            .map(|j| j.time.rate_key.as_deref())
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(&mut *conn)
     .await?;
     let tx = match rows.first() {
@@ -242,11 +263,12 @@ async fn job_insert_replacing(
         WITH ins AS (
             INSERT INTO jobq.jobs AS j
                 (kind, queue, payload, priority, max_attempts, run_after, idempotency_key,
-                 payload_version, unique_key, unique_states, expires_at, trace_context, state)
+                 payload_version, unique_key, unique_states, expires_at, trace_context,
+                 concurrency_key, rate_key, state)
             SELECT $1, $2, $3::text::jsonb, $4, $5, t.at, $8, $9,
                     "#,
         unique_key_sql!("$10::text", "$12::float8"),
-        r#", $11, least(now() + make_interval(secs => $13), $14), $19::text::jsonb, "#,
+        r#", $11, least(now() + make_interval(secs => $13), $14), $19::text::jsonb, $20, $21, "#,
         state_sql!("t.at"),
         r#"
             FROM (SELECT coalesce($6, now() + make_interval(secs => coalesce($7, 0))) AS at) t
@@ -296,6 +318,8 @@ async fn job_insert_replacing(
     .bind(replace.args)
     .bind(replace.run_after)
     .bind(&job.trace_context)
+    .bind(&job.time.concurrency_key)
+    .bind(&job.time.rate_key)
     .fetch_optional(&mut *conn)
     .await?;
     match row {

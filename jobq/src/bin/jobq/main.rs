@@ -1,6 +1,6 @@
 //! `jobq`: operate a jobq database from a shell — what is pending, what failed, what did
 //! we already do — and act on it: replay, cancel, edit a payload, retry now, pause,
-//! resume, prune.
+//! resume, prune, change a limit.
 //!
 //! Reads `DATABASE_URL` (or `--database-url`). Prints readable tables by default and JSON
 //! with `--json`. Bulk actions ask for confirmation on a terminal and need `--yes`
@@ -11,6 +11,7 @@ mod args;
 mod audit;
 mod dashboard;
 mod jobs;
+mod limits;
 mod ordering;
 mod outbox;
 mod output;
@@ -80,6 +81,14 @@ enum Command {
     Schedule {
         #[command(subcommand)]
         action: schedules::ScheduleAction,
+    },
+    /// Concurrency and rate limits in force, with usage: running jobs, tokens and the
+    /// next token, key buckets and throttles.
+    Limits,
+    /// Change a limit at run time (audited): `jobq limit set KIND --concurrency 3`.
+    Limit {
+        #[command(subcommand)]
+        action: limits::LimitAction,
     },
     /// Serve the web dashboard (loopback only unless credentials are given).
     Dashboard(dashboard::DashboardArgs),
@@ -200,6 +209,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Schedules => schedules::list(&cx.admin, cx.json).await?,
         Command::Schedule { action } => schedules::act(&cx.admin, action, cx.json).await?,
+        Command::Limits => limits::list(&cx.admin, cx.json).await?,
+        Command::Limit { action } => limits::act(&cx.admin, action, cx.json).await?,
         Command::Dashboard(args) => dashboard::run(cx.pool.clone(), args).await?,
     }
     Ok(())

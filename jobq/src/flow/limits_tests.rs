@@ -1,0 +1,361 @@
+//! The limited claim against PostgreSQL, with the clock as a parameter.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use super::limits::*;
+use crate::store::{self, Actor, ClaimParams, LimitChange};
+
+const KINDS: [&str; 2] = ["k", "other"];
+
+async fn db_now(conn: &mut PgConnection) -> DateTime<Utc> {
+    sqlx::query_scalar("SELECT now()")
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// `n` due jobs of `kind` in `queue` with the given keys.
+async fn pending(
+    conn: &mut PgConnection,
+    kind: &str,
+    queue: &str,
+    n: i32,
+    ckey: Option<&str>,
+    rkey: Option<&str>,
+) {
+    sqlx::query(
+        "INSERT INTO jobq.jobs (kind, queue, payload, state, run_after, concurrency_key, rate_key)
+         SELECT $1, $2, '{}', 'pending', now() - interval '1 hour', $4, $5
+         FROM generate_series(1, $3)",
+    )
+    .bind(kind)
+    .bind(queue)
+    .bind(n)
+    .bind(ckey)
+    .bind(rkey)
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+async fn running(conn: &mut PgConnection, kind: &str, queue: &str, n: i32, ckey: Option<&str>) {
+    sqlx::query(
+        "INSERT INTO jobq.jobs (kind, queue, payload, state, attempts, locked_until, locked_by,
+                                concurrency_key)
+         SELECT $1, $2, '{}', 'running', 1, now() + interval '1 hour', 'w', $4
+         FROM generate_series(1, $3)",
+    )
+    .bind(kind)
+    .bind(queue)
+    .bind(n)
+    .bind(ckey)
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+async fn count(conn: &mut PgConnection, sql: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+async fn effective(conn: &mut PgConnection, now: Option<DateTime<Utc>>) -> Effective {
+    let cache = LimitCache::new(
+        Vec::<(String, KindLimits)>::new(),
+        Vec::new(),
+        Duration::ZERO,
+    );
+    (*cache.get(conn, now).await.unwrap()).clone()
+}
+
+async fn claim_at(
+    conn: &mut PgConnection,
+    queue: &str,
+    limit: i64,
+    now: Option<DateTime<Utc>>,
+) -> Vec<i64> {
+    let kinds: Vec<String> = KINDS.iter().map(|k| (*k).to_owned()).collect();
+    let limits = effective(conn, now).await;
+    let jobs = claim(
+        conn,
+        &ClaimParams {
+            queue,
+            kinds: &kinds,
+            lease_secs: &[60.0, 60.0],
+            limit,
+            worker: "w",
+            now,
+        },
+        &limits,
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    jobs.jobs.iter().map(|j| j.id).collect()
+}
+
+async fn seed(conn: &mut PgConnection, limits: KindLimits, queue_limit: Option<u32>) {
+    let cache = LimitCache::new(
+        [("k".to_owned(), limits)],
+        [("default".to_owned(), queue_limit)],
+        Duration::ZERO,
+    );
+    cache.get(conn, None).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_kind_limit_caps_running_jobs() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed(&mut conn, KindLimits::NONE.concurrency(3), None).await;
+    running(&mut conn, "k", "default", 2, None).await;
+    pending(&mut conn, "k", "default", 10, None, None).await;
+    pending(&mut conn, "other", "default", 2, None, None).await;
+    let got = claim_at(&mut conn, "default", 10, None).await;
+    // One slot of `k` is free; `other` has no limit.
+    assert_eq!(got.len(), 3);
+    assert_eq!(claim_at(&mut conn, "default", 10, None).await.len(), 0);
+    let running_k = "SELECT count(*) FROM jobq.jobs WHERE kind = 'k' AND state = 'running'";
+    assert_eq!(count(&mut conn, running_k).await, 3);
+    // Nothing was deferred or charged an attempt.
+    let untouched =
+        "SELECT count(*) FROM jobq.jobs WHERE kind = 'k' AND state = 'pending' AND attempts = 0";
+    assert_eq!(count(&mut conn, untouched).await, 9);
+    // A finished (or reaped) job frees its slot.
+    sqlx::query("UPDATE jobq.jobs SET state = 'done', locked_until = NULL WHERE id = (SELECT min(id) FROM jobq.jobs WHERE state = 'running' AND kind = 'k')")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(claim_at(&mut conn, "default", 10, None).await.len(), 1);
+}
+
+#[tokio::test]
+async fn concurrent_claims_never_pass_the_limit() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed(&mut conn, KindLimits::NONE.concurrency(3), None).await;
+    pending(&mut conn, "k", "default", 50, None, None).await;
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let pool = db.pool().clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            claim_at(&mut conn, "default", 2, None).await.len()
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert_eq!(total, 3);
+}
+
+#[tokio::test]
+async fn a_per_key_limit_defers_saturated_keys_without_an_attempt() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed(&mut conn, KindLimits::NONE.concurrency(2).per_key(), None).await;
+    running(&mut conn, "k", "default", 1, Some("a")).await;
+    pending(&mut conn, "k", "default", 5, Some("a"), None).await;
+    pending(&mut conn, "k", "default", 3, Some("b"), None).await;
+    let now = db_now(&mut conn).await;
+    let got = claim_at(&mut conn, "default", 10, Some(now)).await;
+    assert_eq!(got.len(), 3, "one more of a, two of b");
+    let per_key = "SELECT count(*) FROM jobq.jobs WHERE state = 'running' GROUP BY concurrency_key ORDER BY 1 DESC LIMIT 1";
+    assert_eq!(count(&mut conn, per_key).await, 2);
+    // The rest of `a` and `b` wait a second as `scheduled`, attempts untouched.
+    let deferred = "SELECT count(*) FROM jobq.jobs WHERE state = 'scheduled' AND attempts = 0 AND run_after > now()";
+    assert_eq!(count(&mut conn, deferred).await, 5);
+    assert_eq!(claim_at(&mut conn, "default", 10, Some(now)).await.len(), 0);
+}
+
+#[tokio::test]
+async fn a_queue_limit_caps_the_queue() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed(&mut conn, KindLimits::NONE, Some(4)).await;
+    running(&mut conn, "other", "default", 1, None).await;
+    running(&mut conn, "other", "elsewhere", 5, None).await;
+    pending(&mut conn, "k", "default", 5, None, None).await;
+    pending(&mut conn, "other", "default", 5, None, None).await;
+    assert_eq!(claim_at(&mut conn, "default", 10, None).await.len(), 3);
+    assert_eq!(claim_at(&mut conn, "default", 10, None).await.len(), 0);
+}
+
+#[tokio::test]
+async fn a_rate_limit_charges_a_bucket_by_the_clock() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed(
+        &mut conn,
+        KindLimits::NONE.rate(Rate::per_second(2)).burst(3),
+        None,
+    )
+    .await;
+    pending(&mut conn, "k", "default", 20, None, None).await;
+    let t0 = db_now(&mut conn).await;
+    let at = |ms: i64| Some(t0 + chrono::Duration::milliseconds(ms));
+    assert_eq!(
+        claim_at(&mut conn, "default", 10, at(0)).await.len(),
+        3,
+        "the burst"
+    );
+    assert_eq!(claim_at(&mut conn, "default", 10, at(0)).await.len(), 0);
+    assert_eq!(claim_at(&mut conn, "default", 10, at(400)).await.len(), 0);
+    assert_eq!(claim_at(&mut conn, "default", 10, at(500)).await.len(), 1);
+    assert_eq!(claim_at(&mut conn, "default", 10, at(1500)).await.len(), 2);
+    assert_eq!(
+        claim_at(&mut conn, "default", 10, at(60_000)).await.len(),
+        3
+    );
+    // Jobs over the kind-wide rate stay pending, no attempt counted.
+    let waiting = "SELECT count(*) FROM jobq.jobs WHERE state = 'pending' AND attempts = 0";
+    assert_eq!(count(&mut conn, waiting).await, 11);
+}
+
+#[tokio::test]
+async fn a_per_key_rate_defers_jobs_to_their_tokens() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed(
+        &mut conn,
+        KindLimits::NONE
+            .rate(Rate::per_second(1))
+            .burst(1)
+            .rate_per_key(),
+        None,
+    )
+    .await;
+    pending(&mut conn, "k", "default", 3, None, Some("a")).await;
+    pending(&mut conn, "k", "default", 1, None, Some("b")).await;
+    let t0 = db_now(&mut conn).await;
+    assert_eq!(claim_at(&mut conn, "default", 10, Some(t0)).await.len(), 2);
+    let times: Vec<DateTime<Utc>> = sqlx::query_scalar(
+        "SELECT run_after FROM jobq.jobs WHERE state = 'scheduled' AND attempts = 0 ORDER BY run_after",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        times,
+        vec![
+            t0 + chrono::Duration::seconds(1),
+            t0 + chrono::Duration::seconds(2)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_throttle_holds_every_job_of_its_key() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    // `k` has a kind-wide rate; `other` has no limit at all.
+    seed(
+        &mut conn,
+        KindLimits::NONE.rate(Rate::per_second(100)),
+        None,
+    )
+    .await;
+    pending(&mut conn, "k", "default", 5, None, None).await;
+    pending(&mut conn, "other", "default", 2, None, Some("api")).await;
+    pending(&mut conn, "other", "default", 1, None, Some("elsewhere")).await;
+    let t0 = db_now(&mut conn).await;
+    let until = t0 + chrono::Duration::seconds(30);
+    store::rate_throttle(&mut conn, "k", "k", until)
+        .await
+        .unwrap();
+    store::rate_throttle(&mut conn, "other", "api", until)
+        .await
+        .unwrap();
+    // An earlier throttle does not shorten a later one.
+    store::rate_throttle(&mut conn, "k", "k", t0).await.unwrap();
+    let got = claim_at(&mut conn, "default", 10, Some(t0)).await;
+    assert_eq!(got.len(), 1, "only `other`'s job of another key");
+    let at_end = claim_at(&mut conn, "default", 10, Some(until)).await;
+    // At the throttle's end: one token of `k`, and `other`'s deferred jobs are due then
+    // (they come back through the promoter).
+    assert_eq!(at_end.len(), 1);
+    let deferred: Vec<DateTime<Utc>> = sqlx::query_scalar(
+        "SELECT run_after FROM jobq.jobs WHERE kind = 'other' AND state = 'scheduled'",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(deferred, vec![until, until]);
+}
+
+#[tokio::test]
+async fn an_operator_limit_wins_until_cleared() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed(&mut conn, KindLimits::NONE.concurrency(5), None).await;
+    let actor = Actor {
+        name: "ops",
+        reason: Some("provider asked"),
+    };
+    let change = LimitChange {
+        concurrency: Some(1),
+        ..LimitChange::default()
+    };
+    assert!(
+        store::limit_set(&mut conn, "kind", "k", Some(&change), actor)
+            .await
+            .unwrap()
+    );
+    // A runtime starting with the code's limit does not undo the operator's.
+    seed(&mut conn, KindLimits::NONE.concurrency(7), None).await;
+    let e = effective(&mut conn, None).await;
+    assert_eq!(e.kinds["k"].concurrency, Some(1));
+    pending(&mut conn, "k", "default", 5, None, None).await;
+    assert_eq!(claim_at(&mut conn, "default", 10, None).await.len(), 1);
+    assert!(
+        store::limit_set(&mut conn, "kind", "k", None, actor)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store::limit_set(&mut conn, "kind", "k", None, actor)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        effective(&mut conn, None).await.kinds["k"].concurrency,
+        Some(7)
+    );
+    let audit = "SELECT count(*) FROM jobq.job_audit WHERE action IN ('limit_set', 'limit_clear') AND actor = 'ops' AND reason = 'provider asked'";
+    assert_eq!(count(&mut conn, audit).await, 2);
+    // A code limit removed from the code goes away; the claim is unlimited again.
+    seed(&mut conn, KindLimits::NONE, None).await;
+    assert!(effective(&mut conn, None).await.kinds.is_empty());
+}
+
+#[tokio::test]
+async fn a_limited_claim_never_takes_a_job_waiting_behind_its_ordering_key() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed(&mut conn, KindLimits::NONE.concurrency(10), None).await;
+    // The head of a key and the job waiting behind it.
+    let head: i64 = sqlx::query_scalar(
+        "INSERT INTO jobq.jobs (kind, payload, state, run_after, ordering_scope, ordering_key)
+         VALUES ('k', '{}', 'pending', now() - interval '1 hour', 'k', 'acct') RETURNING id",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO jobq.jobs (kind, payload, state, run_after, ordering_scope, ordering_key,
+                                blocked_by)
+         VALUES ('k', '{}', 'pending', now() - interval '1 hour', 'k', 'acct', $1)",
+    )
+    .bind(head)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(claim_at(&mut conn, "default", 10, None).await, vec![head]);
+    assert!(claim_at(&mut conn, "default", 10, None).await.is_empty());
+}
