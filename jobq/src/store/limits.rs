@@ -537,6 +537,49 @@ pub(crate) struct ClaimRead {
     pub(crate) candidates: Vec<Candidate>,
 }
 
+impl CandidateParams<'_> {
+    /// The kind-wide rates as the two columns `$4` (per second) and `$5` (burst).
+    fn rate_columns(&self) -> (Vec<Option<f64>>, Vec<Option<f64>>) {
+        self.rates
+            .iter()
+            .map(|r| (r.map(|r| r.per_sec), r.map(|r| r.burst)))
+            .unzip()
+    }
+}
+
+/// Binds `$1`–`$11` of [`limited_cte_sql!`], as both limited claims number them.
+trait BindCandidates<'q> {
+    fn bind_candidates(
+        self,
+        p: &'q CandidateParams<'q>,
+        per_sec: &'q [Option<f64>],
+        burst: &'q [Option<f64>],
+    ) -> Self;
+}
+
+impl<'q> BindCandidates<'q>
+    for sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>
+{
+    fn bind_candidates(
+        self,
+        p: &'q CandidateParams<'q>,
+        per_sec: &'q [Option<f64>],
+        burst: &'q [Option<f64>],
+    ) -> Self {
+        self.bind(p.queue)
+            .bind(p.kinds)
+            .bind(p.caps)
+            .bind(per_sec)
+            .bind(burst)
+            .bind(p.per_key_kinds)
+            .bind(p.key_bucket_kinds)
+            .bind(p.now)
+            .bind(p.queue_cap)
+            .bind(p.limit)
+            .bind(p.lease_secs)
+    }
+}
+
 /// The CTEs both limited claims share (`served`, `clock`, `run`, `tot`, `usage`,
 /// `cand`): the served kinds with their kind-wide limits and leases, the database's
 /// time, running rows of the kinds and the queue, the claim's size within the queue's
@@ -644,8 +687,7 @@ pub(crate) async fn claim_kind_wide(
     p: &CandidateParams<'_>,
     worker: &str,
 ) -> Result<(Vec<ClaimedJob>, ClaimRead), Error> {
-    let per_sec: Vec<Option<f64>> = p.rates.iter().map(|r| r.map(|r| r.per_sec)).collect();
-    let burst: Vec<Option<f64>> = p.rates.iter().map(|r| r.map(|r| r.burst)).collect();
+    let (per_sec, burst) = p.rate_columns();
     let rows = sqlx::query(concat!(
         limited_cte_sql!(),
         r#",
@@ -686,17 +728,7 @@ pub(crate) async fn claim_kind_wide(
         FROM usage u
         "#
     ))
-    .bind(p.queue)
-    .bind(p.kinds)
-    .bind(p.caps)
-    .bind(&per_sec)
-    .bind(&burst)
-    .bind(p.per_key_kinds)
-    .bind(p.key_bucket_kinds)
-    .bind(p.now)
-    .bind(p.queue_cap)
-    .bind(p.limit)
-    .bind(p.lease_secs)
+    .bind_candidates(p, &per_sec, &burst)
     .bind(worker)
     .fetch_all(&mut *conn)
     .await?;
@@ -724,8 +756,7 @@ pub(crate) async fn claim_candidates(
     conn: &mut PgConnection,
     p: &CandidateParams<'_>,
 ) -> Result<ClaimRead, Error> {
-    let per_sec: Vec<Option<f64>> = p.rates.iter().map(|r| r.map(|r| r.per_sec)).collect();
-    let burst: Vec<Option<f64>> = p.rates.iter().map(|r| r.map(|r| r.burst)).collect();
+    let (per_sec, burst) = p.rate_columns();
     let rows = sqlx::query(concat!(
         limited_cte_sql!(),
         r#",
@@ -743,17 +774,7 @@ pub(crate) async fn claim_candidates(
         ORDER BY c.priority, c.run_after, c.id
         "#
     ))
-    .bind(p.queue)
-    .bind(p.kinds)
-    .bind(p.caps)
-    .bind(&per_sec)
-    .bind(&burst)
-    .bind(p.per_key_kinds)
-    .bind(p.key_bucket_kinds)
-    .bind(p.now)
-    .bind(p.queue_cap)
-    .bind(p.limit)
-    .bind(p.lease_secs)
+    .bind_candidates(p, &per_sec, &burst)
     .fetch_all(&mut *conn)
     .await?;
     let mut out = ClaimRead::default();
