@@ -1,4 +1,4 @@
-//! Trace context across the queue (the `otel` feature): `enqueue` and `outbox::publish`
+//! Trace context across the queue (the `otel` feature): `enqueue` and `outbox::Event::new`
 //! capture the current span's W3C trace context (`traceparent`, `tracestate`) into the
 //! row, and each attempt's `jobq.job` span takes the enqueuing span as its parent, so one
 //! trace shows the request, the enqueue and every attempt with its retries.
