@@ -236,11 +236,14 @@ pub trait Job: Send + Sync + 'static {
         I: IntoIterator<Item = EnqueueBuilder<Self>>,
         Self: Sized,
     {
-        let prepared: Result<Vec<store::NewJob>, Error> = builders
+        let mut prepared: Result<Vec<store::NewJob>, Error> = builders
             .into_iter()
             .map(EnqueueBuilder::into_new_job)
             .collect();
-        let (span, prepared) = crate::trace::enqueue_span(Self::KIND, prepared);
+        let span = match &mut prepared {
+            Ok(jobs) => crate::trace::enqueue_span(Self::KIND, jobs),
+            Err(_) => tracing::Span::none(),
+        };
         let conn = conn.into();
         async move {
             let jobs = prepared?;
@@ -453,9 +456,11 @@ impl<J: Job> EnqueueBuilder<J> {
         conn: impl Into<Conn<'c>>,
     ) -> impl Future<Output = Result<Enqueued, Error>> + Send {
         let wake = self.wake;
-        let (span, prepared) =
-            crate::trace::enqueue_span(J::KIND, self.into_new_job().map(|job| vec![job]));
-        let prepared = prepared.map(|mut jobs| jobs.remove(0));
+        let mut prepared = self.into_new_job();
+        let span = match &mut prepared {
+            Ok(job) => crate::trace::enqueue_span(J::KIND, std::slice::from_mut(job)),
+            Err(_) => tracing::Span::none(),
+        };
         let conn = conn.into();
         async move {
             let job = prepared?;

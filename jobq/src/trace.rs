@@ -32,29 +32,20 @@ pub(crate) fn capture() -> Option<HashMap<String, String>> {
     (!carrier.is_empty()).then_some(carrier)
 }
 
-/// The `jobq.enqueue` span of an enqueue of `jobs` (one kind, one round trip) and the
-/// jobs carrying its trace context. The span exists only when the current span has a
-/// trace to continue: it is a producer span, child of the caller's, and each attempt's
-/// span is its child. Otherwise it is disabled and the jobs carry nothing, so an
-/// untraced enqueue keeps the plain insert.
+/// The `jobq.enqueue` span of an enqueue of `jobs` (one kind, one round trip); each job
+/// is given its trace context. The span exists only when the current span has a trace to
+/// continue: it is a producer span, child of the caller's, and each attempt's span is its
+/// child. Otherwise it is disabled and the jobs carry nothing, so an untraced enqueue
+/// keeps the plain insert.
 #[cfg(feature = "otel")]
-pub(crate) fn enqueue_span(
-    kind: &str,
-    jobs: Result<Vec<crate::store::NewJob>, crate::Error>,
-) -> (
-    tracing::Span,
-    Result<Vec<crate::store::NewJob>, crate::Error>,
-) {
-    let Ok(mut jobs) = jobs else {
-        return (tracing::Span::none(), jobs);
-    };
+pub(crate) fn enqueue_span(kind: &str, jobs: &mut [crate::store::NewJob]) -> tracing::Span {
     if !tracing::Span::current()
         .context()
         .span()
         .span_context()
         .is_valid()
     {
-        return (tracing::Span::none(), Ok(jobs));
+        return tracing::Span::none();
     }
     let span = tracing::info_span!(
         "jobq.enqueue",
@@ -67,22 +58,16 @@ pub(crate) fn enqueue_span(
     let carried = span
         .in_scope(capture)
         .and_then(|c| serde_json::to_string(&c).ok());
-    for job in &mut jobs {
+    for job in jobs {
         job.trace_context.clone_from(&carried);
     }
-    (span, Ok(jobs))
+    span
 }
 
 /// Without the `otel` feature enqueues carry no trace context.
 #[cfg(not(feature = "otel"))]
-pub(crate) fn enqueue_span(
-    _kind: &str,
-    jobs: Result<Vec<crate::store::NewJob>, crate::Error>,
-) -> (
-    tracing::Span,
-    Result<Vec<crate::store::NewJob>, crate::Error>,
-) {
-    (tracing::Span::none(), jobs)
+pub(crate) fn enqueue_span(_kind: &str, _jobs: &mut [crate::store::NewJob]) -> tracing::Span {
+    tracing::Span::none()
 }
 
 /// Makes `span` (not yet entered) a child of the context stored as `stored`. A context
