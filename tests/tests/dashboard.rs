@@ -121,7 +121,29 @@ impl Browser {
     }
 
     async fn text(&self, css: &str) -> String {
-        self.element(css).await.text().await.unwrap()
+        self.text_where(css, |_| true).await
+    }
+
+    /// The text of the element `css` selects, once it satisfies `ok`. The element is
+    /// found afresh on each try: after a click, the old page may still be there, or
+    /// be replaced between finding an element and reading it.
+    async fn text_where(&self, css: &str, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let mut last = None;
+        loop {
+            if let Ok(el) = self.client.find(Locator::Css(css)).await {
+                match el.text().await {
+                    Ok(t) if ok(&t) => return t,
+                    Ok(t) => last = Some(t),
+                    Err(_) => {}
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{css} never showed the expected text; last seen: {last:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn click(&self, css: &str) {
@@ -256,13 +278,23 @@ async fn seed(pool: &PgPool, queue: &str, kind: &str, state: &str, code: Option<
     .unwrap()
 }
 
+/// The job ids the list shows, read again if the page is replaced while reading.
 async fn ids_in_page(b: &Browser) -> Vec<i64> {
-    let rows = b.client.find_all(Locator::Css("tr.job")).await.unwrap();
-    let mut ids = Vec::new();
-    for r in rows {
-        ids.push(r.attr("data-id").await.unwrap().unwrap().parse().unwrap());
+    let read = || async {
+        let mut ids = Vec::new();
+        for r in b.client.find_all(Locator::Css("tr.job")).await? {
+            let id = r.attr("data-id").await?.expect("a job row has data-id");
+            ids.push(id.parse::<i64>().expect("data-id is a number"));
+        }
+        Ok::<_, fantoccini::error::CmdError>(ids)
+    };
+    for _ in 0..100 {
+        if let Ok(ids) = read().await {
+            return ids;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    ids
+    read().await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -534,8 +566,7 @@ async fn bulk_replay_replays_exactly_that_group_and_audits_the_actor() -> anyhow
         .await?
         .click()
         .await?;
-    let flash = b.text("#flash").await;
-    assert!(flash.contains("replaying 3"), "{flash}");
+    b.text_where("#flash", |t| t.contains("replaying 3")).await;
 
     let pending_group = || async {
         let states: Vec<String> =
@@ -592,12 +623,13 @@ async fn pause_and_resume_a_queue() -> anyhow::Result<()> {
     b.fill(&format!("{row} input[name=reason]"), "provider incident")
         .await;
     b.click(&format!("{row} button.toggle")).await;
-    assert!(b.text("#flash").await.contains("mail paused"));
-    assert_eq!(b.text(&format!("{row} .status")).await, "paused");
+    b.text_where("#flash", |t| t.contains("mail paused")).await;
+    b.text_where(&format!("{row} .status"), |t| t == "paused")
+        .await;
     assert!(paused().await);
     b.screenshot("queues").await;
     b.click(&format!("{row} button.toggle")).await;
-    assert!(b.text("#flash").await.contains("mail resumed"));
+    b.text_where("#flash", |t| t.contains("mail resumed")).await;
     assert!(!paused().await);
     let audit = audit_rows(pool).await;
     let actions: Vec<(&str, &str, Option<&str>)> = audit
