@@ -5,13 +5,22 @@
 //! an operator (`jobq limit set`); all are rows of `jobq.limits`, which every runtime
 //! reads again within a poll interval ([`LimitCache`]).
 //!
-//! A claim that involves no limit is today's single statement. One that does runs in a
-//! transaction: it takes a transaction-scoped advisory lock per limited kind and queue,
-//! counts their running rows, locks candidates (`FOR UPDATE SKIP LOCKED`, at most the
-//! claim's size per kind), decides here ([`plan`]) which to claim, which to defer and
-//! which buckets to charge, and writes all of it in one statement. Every claim of a
-//! limited kind holds the kind's lock while it counts and claims, so two claims can never
-//! both see the last free slot or the last token.
+//! A claim that involves no limit is today's single statement. One whose limits are all
+//! kind-wide (a kind's concurrency and bucket, a queue's concurrency) is one statement
+//! too: it counts running rows, reads the buckets, locks candidates within the free slots
+//! and tokens (`FOR UPDATE SKIP LOCKED`), claims them and charges the buckets. One with
+//! per-key limits runs in a transaction: it takes a transaction-scoped advisory lock per
+//! limited kind and queue, counts and locks candidates the same way, decides here
+//! ([`plan`]) which to claim, which to defer and which buckets to charge, and writes all
+//! of it in one statement.
+//!
+//! Two claims must never both see the last free slot or the last token. Every claim that
+//! takes jobs of a limited kind or queue raises its generation in `jobq.limit_gens`, in
+//! the statement that claims and only if it is still the value read with the usage (the
+//! row lock makes a concurrent claim wait for the first to commit, then find the value
+//! changed). A claim overtaken so takes nothing and is tried again under the locks; the
+//! locked claims wait for each other, so they read usage no other locked claim is
+//! changing. A claim that takes nothing writes nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -337,10 +346,12 @@ pub(crate) struct Claimed {
 }
 
 /// Claims as [`store::job_claim`] does, within the limits in force: today's single
-/// statement when neither the queue nor any served kind is limited, else the locked
-/// transaction described in the module docs. Jobs over a per-key limit are deferred
-/// (`scheduled`): over a concurrency key's limit by `defer`, over a rate key's bucket to
-/// the time of their token.
+/// statement when neither the queue nor any served kind is limited; one statement that
+/// reads usage and claims when every limit of the served kinds is kind-wide; else the
+/// locked transaction described in the module docs (also the fallback of a
+/// one-statement claim that another claim overtook). Jobs over a per-key limit are
+/// deferred (`scheduled`): over a concurrency key's limit by `defer`, over a rate key's
+/// bucket to the time of their token.
 pub(crate) async fn claim(
     conn: &mut PgConnection,
     p: &ClaimParams<'_>,
@@ -348,23 +359,12 @@ pub(crate) async fn claim(
     defer: Duration,
 ) -> Result<Claimed, Error> {
     let queue_cap = limits.queues.get(p.queue).copied();
-    let limited: Vec<String> = p
-        .kinds
-        .iter()
-        .filter(|k| limits.kinds.contains_key(*k))
-        .cloned()
-        .collect();
-    if queue_cap.is_none() && limited.is_empty() {
+    if queue_cap.is_none() && !p.kinds.iter().any(|k| limits.kinds.contains_key(k)) {
         return Ok(Claimed {
             jobs: store::job_claim(conn, p).await?,
             retry_in: None,
         });
     }
-    let mut keys: Vec<i64> = limited.iter().map(|k| store::lock_key("kind", k)).collect();
-    if queue_cap.is_some() {
-        keys.push(store::lock_key("queue", p.queue));
-    }
-    let mut tx = store::claim_begin(conn, &keys).await?;
     let rule = |k: &String| limits.kinds.get(k);
     let caps: Vec<Option<i64>> = p
         .kinds
@@ -381,6 +381,11 @@ pub(crate) async fn claim(
         .collect();
     let per_key: Vec<String> = filter_kinds(limits, |r| r.concurrency.is_some() && r.per_key);
     let key_buckets: Vec<String> = filter_kinds(limits, |r| matches!(r.bucket, Some((_, true))));
+    let gen_keys: Vec<Option<i64>> = p
+        .kinds
+        .iter()
+        .map(|k| rule(k).map(|_| store::lock_key("kind", k)))
+        .collect();
     let params = store::CandidateParams {
         queue: p.queue,
         kinds: p.kinds,
@@ -392,29 +397,105 @@ pub(crate) async fn claim(
         limit: p.limit,
         lease_secs: p.lease_secs,
         now: p.now,
+        gen_keys: &gen_keys,
+        queue_gen_key: queue_cap.map(|_| store::lock_key("queue", p.queue)),
     };
     // Kind-wide limits only: the windows are the whole decision, so one statement
-    // claims and charges.
+    // reads, claims and charges, with no transaction around it.
     let kind_wide = !p
         .kinds
         .iter()
         .any(|k| per_key.contains(k) || key_buckets.contains(k));
-    let (claimed, read) = if kind_wide {
+    if kind_wide {
+        let (jobs, read) = store::claim_kind_wide(conn, &params, p.worker).await?;
+        if !read.conflict {
+            return Ok(Claimed {
+                retry_in: retry_after(limits, &read, p.now),
+                jobs,
+            });
+        }
+    }
+    let mut keys: Vec<i64> = gen_keys.iter().flatten().copied().collect();
+    keys.extend(params.queue_gen_key);
+    let mut tx = store::claim_begin(conn, &keys).await?;
+    let (jobs, read, deferred) = if kind_wide {
         let (jobs, read) = store::claim_kind_wide(&mut tx, &params, p.worker).await?;
-        (Some(jobs), read)
+        (jobs, read, false)
     } else {
-        (None, store::claim_candidates(&mut tx, &params).await?)
+        let read = store::claim_candidates(&mut tx, &params).await?;
+        let now = read.now.or(p.now).unwrap_or_else(Utc::now);
+        let running: HashMap<&str, i64> = read
+            .kinds
+            .iter()
+            .map(|k| (k.kind.as_str(), k.running))
+            .collect();
+        let plan = plan(
+            now,
+            &limits.kinds,
+            &read.candidates,
+            read.total,
+            &running,
+            defer,
+        );
+        let jobs = if plan == ClaimPlan::default() {
+            Vec::new()
+        } else {
+            let gens = plan_gens(&plan, &read, params.queue_gen_key);
+            store::claim_apply(&mut tx, p, &plan, &gens).await?
+        };
+        let mut read = read;
+        read.conflict = jobs.is_empty() && !plan.take.is_empty();
+        (jobs, read, !plan.defer.is_empty())
     };
-    let now = read.now.or(p.now).unwrap_or_else(Utc::now);
-    let running: HashMap<&str, i64> = read
+    tx.commit().await?;
+    // Taken over by another claim, or only deferrals: others may be due now.
+    let again = read.conflict || (jobs.is_empty() && deferred);
+    Ok(Claimed {
+        retry_in: if again {
+            Some(Duration::ZERO)
+        } else {
+            retry_after(limits, &read, p.now)
+        },
+        jobs,
+    })
+}
+
+/// The generations a plan claims under, `(key, seen)` in key order: those of the kinds
+/// it takes jobs of, and the queue's when it takes any.
+fn plan_gens(
+    plan: &ClaimPlan,
+    read: &store::ClaimRead,
+    queue_key: Option<i64>,
+) -> Vec<(i64, Option<i64>)> {
+    let taken: Vec<&str> = read
+        .candidates
+        .iter()
+        .filter(|c| plan.take.contains(&c.id))
+        .map(|c| c.kind.as_str())
+        .collect();
+    let mut gens: Vec<(i64, Option<i64>)> = read
         .kinds
         .iter()
-        .map(|k| (k.kind.as_str(), k.running))
+        .filter(|k| taken.contains(&k.kind.as_str()))
+        .filter_map(|k| k.gen_key.map(|key| (key, k.seen_gen)))
         .collect();
-    // When a kind held back entirely may go again: its bucket's next token, or a
-    // recheck for a full concurrency limit (a full queue holds back every kind).
-    let retry_in = read
-        .kinds
+    if let (Some(key), false) = (queue_key, plan.take.is_empty()) {
+        gens.push((key, read.queue_gen));
+    }
+    gens.sort_unstable();
+    gens.dedup_by_key(|g| g.0);
+    gens
+}
+
+/// When a kind held back entirely may go again: its bucket's next token, or
+/// [`LIMIT_RECHECK`] for a full concurrency limit (a full queue holds back every kind).
+fn retry_after(
+    limits: &Effective,
+    read: &store::ClaimRead,
+    at: Option<DateTime<Utc>>,
+) -> Option<Duration> {
+    let now = read.now.or(at).unwrap_or_else(Utc::now);
+    read.kinds
         .iter()
         .filter(|u| u.window <= 0)
         .filter_map(|u| {
@@ -432,30 +513,7 @@ pub(crate) async fn claim(
             }
         })
         .min()
-        .or((read.total == 0).then_some(LIMIT_RECHECK));
-    let plan = plan(
-        now,
-        &limits.kinds,
-        &read.candidates,
-        read.total,
-        &running,
-        defer,
-    );
-    let jobs = match claimed {
-        Some(jobs) => jobs,
-        None if plan == ClaimPlan::default() => Vec::new(),
-        None => store::claim_apply(&mut tx, p, &plan).await?,
-    };
-    tx.commit().await?;
-    let deferred_only = jobs.is_empty() && !plan.defer.is_empty();
-    Ok(Claimed {
-        jobs,
-        retry_in: if deferred_only {
-            Some(Duration::ZERO)
-        } else {
-            retry_in
-        },
-    })
+        .or((read.total == 0).then_some(LIMIT_RECHECK))
 }
 
 fn filter_kinds(limits: &Effective, f: impl Fn(&KindRule) -> bool) -> Vec<String> {

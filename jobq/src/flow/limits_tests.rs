@@ -155,6 +155,88 @@ async fn concurrent_claims_never_pass_the_limit() {
     assert_eq!(total, 3);
 }
 
+/// Waits until a limited claim of this database waits for a lock (its text is cut
+/// before `limit_gens` in `pg_stat_activity`, so it is known by its first CTE).
+async fn wait_for_gen_lock(conn: &mut PgConnection) {
+    loop {
+        let waiting = count(
+            conn,
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%WITH served AS%'
+               AND datname = current_database()",
+        )
+        .await;
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_one_statement_claim_overtaken_by_another_takes_nothing_it_should_not() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed(&mut conn, KindLimits::NONE.concurrency(3), None).await;
+    pending(&mut conn, "k", "default", 10, None, None).await;
+    let key = store::lock_key("kind", "k");
+    sqlx::query("INSERT INTO jobq.limit_gens (key, gen) VALUES ($1, 1)")
+        .bind(key)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // Another node's claim of the last 3 slots, not yet committed.
+    let mut other = db.pool().begin().await.unwrap();
+    sqlx::query(
+        "UPDATE jobq.jobs SET state = 'running', attempts = 1,
+                locked_until = now() + interval '1 hour', locked_by = 'x'
+         WHERE id IN (SELECT id FROM jobq.jobs WHERE kind = 'k' ORDER BY id LIMIT 3)",
+    )
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE jobq.limit_gens SET gen = gen + 1 WHERE key = $1")
+        .bind(key)
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    // This claim reads its usage (nothing running) before the other commits, and waits
+    // for the generation's row.
+    let pool = db.pool().clone();
+    let claim = tokio::spawn(async move {
+        let mut conn = pool.acquire().await.unwrap();
+        claim_at(&mut conn, "default", 10, None).await
+    });
+    wait_for_gen_lock(&mut conn).await;
+    other.commit().await.unwrap();
+    // It finds the generation changed and claims again under the locks: the limit is
+    // full.
+    assert_eq!(claim.await.unwrap(), Vec::<i64>::new());
+    let running_k = "SELECT count(*) FROM jobq.jobs WHERE kind = 'k' AND state = 'running'";
+    assert_eq!(count(&mut conn, running_k).await, 3);
+}
+
+#[tokio::test]
+async fn a_claim_that_takes_nothing_writes_nothing() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed(&mut conn, KindLimits::NONE.concurrency(2), None).await;
+    pending(&mut conn, "k", "default", 5, None, None).await;
+    assert_eq!(claim_at(&mut conn, "default", 10, None).await.len(), 2);
+    let gens = "SELECT coalesce(sum(gen), 0)::int8 FROM jobq.limit_gens";
+    assert_eq!(count(&mut conn, gens).await, 1);
+    // The limit is full: looking again writes no row version.
+    let versions = "SELECT ((SELECT coalesce(sum(xmin::text::int8), 0) FROM jobq.jobs)
+                          + (SELECT coalesce(sum(xmin::text::int8), 0) FROM jobq.limit_gens)
+                          + (SELECT count(*) FROM jobq.rate_buckets))::int8";
+    let before = count(&mut conn, versions).await;
+    for _ in 0..3 {
+        assert!(claim_at(&mut conn, "default", 10, None).await.is_empty());
+    }
+    assert_eq!(count(&mut conn, gens).await, 1);
+    assert_eq!(count(&mut conn, versions).await, before);
+}
+
 #[tokio::test]
 async fn a_per_key_limit_defers_saturated_keys_without_an_attempt() {
     let db = jobq_testing::TestDatabase::new().await.unwrap();

@@ -1,7 +1,9 @@
-//! Statements on `jobq.limits` and `jobq.rate_buckets` (`0009_limits`), and the claim of
-//! limited kinds and queues: a transaction that locks each limited kind and queue
-//! (transaction-scoped advisory locks), reads their usage, picks candidates, and claims,
-//! defers and charges in one statement.
+//! Statements on `jobq.limits` and `jobq.rate_buckets` (`0009_limits`), and the claims
+//! of limited kinds and queues, guarded by `jobq.limit_gens` (`0011_limit_gens`): one
+//! statement that reads usage and claims for kind-wide limits; for per-key limits, a
+//! transaction that locks each limited kind and queue (transaction-scoped advisory
+//! locks), reads their usage, picks candidates, and claims, defers and charges in one
+//! statement.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -496,6 +498,10 @@ pub(crate) struct CandidateParams<'a> {
     /// Each kind's lease in seconds.
     pub(crate) lease_secs: &'a [f64],
     pub(crate) now: Option<DateTime<Utc>>,
+    /// Each kind's key in `jobq.limit_gens` ([`lock_key`]; `None`: the kind is not
+    /// limited), and the queue's (`None`: the queue has no limit).
+    pub(crate) gen_keys: &'a [Option<i64>],
+    pub(crate) queue_gen_key: Option<i64>,
 }
 
 /// A due job a limited claim may take, with what its limits need to know.
@@ -523,6 +529,9 @@ pub(crate) struct KindUsage {
     /// How many candidates were read: the claim's size, fewer for the free slots or
     /// tokens of kind-wide limits.
     pub(crate) window: i64,
+    /// Its key and generation in `jobq.limit_gens` as read (`None`: not limited; no row).
+    pub(crate) gen_key: Option<i64>,
+    pub(crate) seen_gen: Option<i64>,
 }
 
 /// What [`claim_candidates`] read.
@@ -535,6 +544,11 @@ pub(crate) struct ClaimRead {
     pub(crate) kinds: Vec<KindUsage>,
     /// In claim order.
     pub(crate) candidates: Vec<Candidate>,
+    /// The queue's generation in `jobq.limit_gens` as read.
+    pub(crate) queue_gen: Option<i64>,
+    /// Whether the claim took nothing because a generation it read had changed (another
+    /// claim of a kind or queue it limits committed meanwhile).
+    pub(crate) conflict: bool,
 }
 
 impl CandidateParams<'_> {
@@ -547,7 +561,7 @@ impl CandidateParams<'_> {
     }
 }
 
-/// Binds `$1`–`$11` of [`limited_cte_sql!`], as both limited claims number them.
+/// Binds `$1`–`$13` of [`limited_cte_sql!`], as both limited claims number them.
 trait BindCandidates<'q> {
     fn bind_candidates(
         self,
@@ -577,21 +591,23 @@ impl<'q> BindCandidates<'q>
             .bind(p.queue_cap)
             .bind(p.limit)
             .bind(p.lease_secs)
+            .bind(p.gen_keys)
+            .bind(p.queue_gen_key)
     }
 }
 
 /// The CTEs both limited claims share (`served`, `clock`, `run`, `tot`, `usage`,
-/// `cand`): the served kinds with their kind-wide limits and leases, the database's
-/// time, running rows of the kinds and the queue, the claim's size within the queue's
-/// limit, each kind's usage and window, and the candidates locked in claim order.
-/// Parameters as [`claim_candidates`] binds them.
+/// `cand`): the served kinds with their kind-wide limits, leases and generation keys,
+/// the database's time, running rows of the kinds and the queue, the claim's size
+/// within the queue's limit, each kind's usage, generation and window, and the
+/// candidates locked in claim order. Parameters as [`claim_candidates`] binds them.
 macro_rules! limited_cte_sql {
     () => {
         r#"
         WITH served AS (
             SELECT * FROM unnest($2::text[], $3::int8[], $4::float8[], $5::float8[],
-                                 $11::float8[])
-                AS s(kind, cap, per_sec, burst, lease)
+                                 $11::float8[], $12::int8[])
+                AS s(kind, cap, per_sec, burst, lease, gkey)
         ),
         clock AS (SELECT coalesce($8, now()) AS now),
         run AS MATERIALIZED (
@@ -613,7 +629,7 @@ macro_rules! limited_cte_sql {
                        coalesce((a.cap - a.running)::float8, 'Infinity'),
                        floor(coalesce(a.avail, 'Infinity'))))::int8 AS win
             FROM (
-            SELECT s.kind, s.cap, k.running, b.tokens, b.refilled_at,
+            SELECT s.kind, s.cap, k.running, b.tokens, b.refilled_at, s.gkey, g.gen,
                    -- The kind-wide bucket's tokens now (`BucketRate::available`).
                    CASE WHEN s.per_sec IS NULL THEN NULL
                         WHEN b.kind IS NULL THEN s.burst
@@ -627,6 +643,7 @@ macro_rules! limited_cte_sql {
                 SELECT coalesce(sum(r.n), 0)::int8 AS running FROM run r WHERE r.kind = s.kind
             ) k
             LEFT JOIN jobq.rate_buckets b ON b.kind = s.kind AND b.key = s.kind
+            LEFT JOIN jobq.limit_gens g ON g.key = s.gkey
             ) a
         ),
         cand AS MATERIALIZED (
@@ -651,11 +668,37 @@ macro_rules! limited_cte_sql {
     };
 }
 
+/// The CTEs `bumped` and `gate` of a limited claim, after a CTE `want(key, seen)` of the
+/// generations it claims under (each limited kind it takes jobs of, and the limited
+/// queue): each generation goes up by one where it is still the value seen (a missing
+/// row counts as 0, and a new row starts at 1), in key order, so two claims never wait
+/// for each other in a cycle. `gate.ok`: every one went up, so no claim of these kinds
+/// or this queue committed since this one read its usage; the claim takes nothing
+/// otherwise. A claim that wants no generation writes nothing here.
+macro_rules! gen_bump_sql {
+    () => {
+        r#"
+        bumped AS (
+            INSERT INTO jobq.limit_gens AS g (key, gen)
+            SELECT key, coalesce(seen, 0) + 1 FROM want ORDER BY key
+            ON CONFLICT (key) DO UPDATE SET gen = EXCLUDED.gen
+            WHERE g.gen = EXCLUDED.gen - 1
+            RETURNING g.key
+        ),
+        gate AS (
+            SELECT (SELECT count(*) FROM bumped) = (SELECT count(*) FROM want) AS ok
+        )
+        "#
+    };
+}
+
 /// Reads the usage columns of a limited claim's row (`ukind` … `at`) into `out`, once
 /// per kind.
 fn read_usage(row: &sqlx::postgres::PgRow, out: &mut ClaimRead) -> Result<(), Error> {
     out.now = row.try_get("at")?;
     out.total = row.try_get("total")?;
+    out.queue_gen = row.try_get("qgen")?;
+    out.conflict = !row.try_get::<Option<bool>, _>("ok")?.unwrap_or(true);
     let Some(kind) = row.try_get::<Option<String>, _>("ukind")? else {
         return Ok(());
     };
@@ -672,16 +715,22 @@ fn read_usage(row: &sqlx::postgres::PgRow, out: &mut ClaimRead) -> Result<(), Er
                     refilled_at,
                 }),
             window: row.try_get("win")?,
+            gen_key: row.try_get("gkey")?,
+            seen_gen: row.try_get("gen")?,
         });
     }
     Ok(())
 }
 
 /// A limited claim of kinds whose limits are all kind-wide (no per-key concurrency, no
-/// per-key bucket), in one statement: as [`claim_candidates`], then the candidates in
-/// claim order up to the claim's size are claimed (the windows already hold them to the
-/// free slots and tokens) and each kind-wide bucket is charged what was taken (a bucket
-/// throttled meanwhile is kept). Returns the claimed jobs and the usage.
+/// per-key bucket), in one statement that needs no transaction of its own: as
+/// [`claim_candidates`] reads, then the candidates in claim order up to the claim's size
+/// are claimed (the windows already hold them to the free slots and tokens), the
+/// generations of the limited kinds taken from and of the limited queue go up
+/// ([`gen_bump_sql!`]), and each kind-wide bucket is charged what was taken (a bucket
+/// throttled meanwhile is kept). When another claim of these kinds or this queue
+/// committed after this one read, nothing is claimed or charged and
+/// [`ClaimRead::conflict`] says so. Returns the claimed jobs and the usage.
 pub(crate) async fn claim_kind_wide(
     conn: &mut PgConnection,
     p: &CandidateParams<'_>,
@@ -692,15 +741,26 @@ pub(crate) async fn claim_kind_wide(
         limited_cte_sql!(),
         r#",
         pick AS (
-            SELECT id FROM cand ORDER BY priority, run_after, id LIMIT (SELECT n FROM tot)
+            SELECT id, kind FROM cand ORDER BY priority, run_after, id
+            LIMIT (SELECT n FROM tot)
         ),
+        qgen AS (SELECT gen FROM jobq.limit_gens WHERE key = $13::int8),
+        want AS (
+            SELECT u.gkey AS key, u.gen AS seen FROM usage u
+            WHERE u.gkey IS NOT NULL AND u.kind IN (SELECT kind FROM pick)
+            UNION
+            SELECT $13::int8, (SELECT gen FROM qgen)
+            WHERE $13::int8 IS NOT NULL AND EXISTS (SELECT 1 FROM pick)
+        ),"#,
+        gen_bump_sql!(),
+        r#",
         claimed AS (
             UPDATE jobq.jobs j
             "#,
-        claim_set_sql!("$12", "$8"),
+        claim_set_sql!("$14", "$8"),
         r#"
             FROM pick t, served s
-            WHERE j.id = t.id AND s.kind = j.kind
+            WHERE j.id = t.id AND s.kind = j.kind AND (SELECT ok FROM gate)
             "#,
         claim_returning_sql!(),
         r#"
@@ -716,14 +776,17 @@ pub(crate) async fn claim_kind_wide(
             WHERE b.refilled_at <= EXCLUDED.refilled_at
         )
         SELECT c.*, NULL::text AS ukind, NULL::int8 AS running, NULL::float8 AS ktokens,
-               NULL::timestamptz AS krefilled, NULL::int8 AS win,
+               NULL::timestamptz AS krefilled, NULL::int8 AS win, NULL::int8 AS gkey,
+               NULL::int8 AS gen, (SELECT gen FROM qgen) AS qgen,
+               (SELECT ok FROM gate) AS ok,
                (SELECT n FROM tot) AS total, (SELECT now FROM clock) AS at
         FROM claimed c
         UNION ALL
         SELECT NULL::int8, NULL::int8, NULL::int4, NULL::int4, NULL::text, NULL::text,
                NULL::text, NULL::int2, NULL::timestamptz, NULL::int4, NULL::text,
                NULL::float8,
-               u.kind, u.running, u.tokens, u.refilled_at, u.win,
+               u.kind, u.running, u.tokens, u.refilled_at, u.win, u.gkey, u.gen,
+               (SELECT gen FROM qgen), (SELECT ok FROM gate),
                (SELECT n FROM tot), (SELECT now FROM clock)
         FROM usage u
         "#
@@ -744,8 +807,9 @@ pub(crate) async fn claim_kind_wide(
 }
 
 /// Reads a limited claim's usage and locks its candidates in one statement (run after
-/// [`claim_begin`], so no other claim of these kinds or this queue commits meanwhile):
-/// running rows of the served kinds and the queue through the partial lease index (as
+/// [`claim_begin`], so no other locked claim of these kinds or this queue commits
+/// meanwhile; a one-statement claim that does is caught by the generations read here
+/// and bumped by [`claim_apply`]): running rows of the served kinds and the queue through the partial lease index (as
 /// many rows as run, whatever the table holds), the kind-wide buckets, and up to a window
 /// of due jobs per kind in claim order (`FOR UPDATE SKIP LOCKED`, one probe of the claim
 /// index per kind, as `job_claim`): the claim's size within the queue's limit, fewer for
@@ -764,8 +828,10 @@ pub(crate) async fn claim_candidates(
             SELECT kind, ckey, sum(n)::int8 AS n FROM run WHERE kind = ANY($6) GROUP BY 1, 2
         )
         SELECT u.kind AS ukind, u.running, u.tokens AS ktokens, u.refilled_at AS krefilled,
-               u.win, (SELECT n FROM tot) AS total, (SELECT now FROM clock) AS at,
-               c.id, c.kind, c.concurrency_key, c.bucket_key,
+               u.win, u.gkey, u.gen, (SELECT n FROM tot) AS total,
+               (SELECT now FROM clock) AS at,
+               (SELECT gen FROM jobq.limit_gens WHERE key = $13::int8) AS qgen,
+               NULL::bool AS ok, c.id, c.kind, c.concurrency_key, c.bucket_key,
                coalesce(r.n, 0)::int8 AS key_running, b.tokens, b.refilled_at
         FROM usage u
         LEFT JOIN cand c ON c.kind = u.kind
@@ -808,12 +874,18 @@ pub(crate) struct ClaimPlan {
 /// Applies a [`ClaimPlan`] in one statement: claims `take` as `job_claim` does (running,
 /// attempts + 1, a new lease generation, the kind's lease), moves `defer` to `scheduled`
 /// at their times (no attempt counted), and writes the charged buckets (a bucket
-/// throttled meanwhile, `refilled_at` later than the charge, is kept).
+/// throttled meanwhile, `refilled_at` later than the charge, is kept). `gens`: the
+/// generations the plan was read with, `(key, seen)` ([`gen_bump_sql!`]); when one
+/// changed meanwhile nothing is claimed or charged (the deferrals stand: a key found
+/// full was at least that full).
 pub(crate) async fn claim_apply(
     conn: &mut PgConnection,
     p: &ClaimParams<'_>,
     plan: &ClaimPlan,
+    gens: &[(i64, Option<i64>)],
 ) -> Result<Vec<ClaimedJob>, Error> {
+    let gen_keys: Vec<i64> = gens.iter().map(|g| g.0).collect();
+    let gen_seen: Vec<Option<i64>> = gens.iter().map(|g| g.1).collect();
     let defer_ids: Vec<i64> = plan.defer.iter().map(|d| d.0).collect();
     let defer_at: Vec<DateTime<Utc>> = plan.defer.iter().map(|d| d.1).collect();
     let b_kind: Vec<&str> = plan.charge.iter().map(|c| c.0.as_str()).collect();
@@ -831,9 +903,13 @@ pub(crate) async fn claim_apply(
             WHERE j.id = d.id AND j.state = 'pending'
             RETURNING 1
         ),
+        want AS (SELECT * FROM unnest($13::int8[], $14::int8[]) AS w(key, seen)),"#,
+        gen_bump_sql!(),
+        r#",
         charged AS (
             INSERT INTO jobq.rate_buckets AS b (kind, key, tokens, refilled_at)
             SELECT * FROM unnest($9::text[], $10::text[], $11::float8[], $12::timestamptz[])
+            WHERE (SELECT ok FROM gate)
             ON CONFLICT (kind, key) DO UPDATE
             SET tokens = EXCLUDED.tokens, refilled_at = EXCLUDED.refilled_at
             WHERE b.refilled_at <= EXCLUDED.refilled_at
@@ -846,6 +922,7 @@ pub(crate) async fn claim_apply(
         FROM unnest($4::int8[]) AS t(id), served s
         -- `deferred` and `charged` run to completion though nothing reads them.
         WHERE j.id = t.id AND s.kind = j.kind AND j.state = 'pending'
+          AND (SELECT ok FROM gate)
         "#,
         claim_returning_sql!()
     ))
@@ -861,6 +938,8 @@ pub(crate) async fn claim_apply(
     .bind(&b_key)
     .bind(&b_tokens)
     .bind(&b_at)
+    .bind(&gen_keys)
+    .bind(&gen_seen)
     .fetch_all(&mut *conn)
     .await?;
     claimed_from_rows(rows)
