@@ -75,6 +75,16 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "traces",
         sql: include_str!("../migrations/0010_traces.sql"),
     },
+    Migration {
+        version: 11,
+        name: "limit_gens",
+        sql: include_str!("../migrations/0011_limit_gens.sql"),
+    },
+    Migration {
+        version: 12,
+        name: "outbox_publish",
+        sql: include_str!("../migrations/0012_outbox_publish.sql"),
+    },
 ];
 
 /// Applies every migration not yet applied, in one transaction.

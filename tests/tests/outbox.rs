@@ -371,6 +371,7 @@ async fn a_broker_that_is_down_grows_the_outbox_and_loses_nothing() -> anyhow::R
     );
     let codes = outbox::failure_codes(&pool).await?;
     assert!(!codes.is_empty(), "{codes:?}");
+    assert!(codes.iter().all(|f| f.events > 0), "{codes:?}");
     // The outbox keeps growing while the broker is down.
     let mut tx = pool.begin().await?;
     outbox::publish_many(&mut tx, events(10, 60).into_iter().skip(300)).await?;
@@ -941,5 +942,398 @@ async fn bad_events_are_rejected_with_a_code_and_write_nothing() -> anyhow::Resu
         .await?;
     assert_eq!(rows, 0, "a batch with a bad event writes nothing");
     db.close().await;
+    Ok(())
+}
+
+/// The outbox row of event `id`, as the columns a publish writes.
+async fn outbox_row(pool: &sqlx::PgPool, id: Uuid) -> Option<serde_json::Value> {
+    sqlx::query_scalar(
+        "SELECT jsonb_build_object('event_type', event_type, 'aggregate_type', aggregate_type,
+                'aggregate_id', aggregate_id, 'aggregate_version', aggregate_version,
+                'agg_key', agg_key, 'payload', payload, 'headers', headers,
+                'published_at', published_at, 'attempts', attempts)
+         FROM jobq.outbox WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_event_rides_along_a_statement_and_commits_or_rolls_back_with_it() -> anyhow::Result<()>
+{
+    let db = TestDatabase::new().await?;
+    let pool = db.pool().clone();
+    sqlx::raw_sql(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, paid bool NOT NULL DEFAULT false);
+         INSERT INTO orders (id) VALUES (1), (2)",
+    )
+    .execute(&pool)
+    .await?;
+    let paid = |v: i64| {
+        Event::new("order_paid", &serde_json::json!({ "order_id": 1, "v": v }))
+            .aggregate("order", 1, v)
+            .header("traceparent", "00-abc-def-01")
+    };
+    const RIDE: &str = "UPDATE orders SET paid = true WHERE id = $1 RETURNING jobq.publish($2)";
+
+    // Rolled back: the event goes with the change.
+    let gone = paid(1);
+    let mut tx = pool.begin().await?;
+    let id: Uuid = sqlx::query_scalar(RIDE)
+        .bind(1_i64)
+        .bind(outbox::param(&gone)?)
+        .fetch_one(&mut *tx)
+        .await?;
+    assert_eq!(id, gone.id());
+    tx.rollback().await?;
+    assert_eq!(outbox_row(&pool, gone.id()).await, None);
+
+    // A statement that matches no row publishes nothing.
+    let none = paid(1);
+    let mut tx = pool.begin().await?;
+    let got: Option<Uuid> = sqlx::query_scalar(RIDE)
+        .bind(99_i64)
+        .bind(outbox::param(&none)?)
+        .fetch_optional(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    assert_eq!(got, None);
+    assert_eq!(outbox_row(&pool, none.id()).await, None);
+
+    // Committed: the same row `publish` writes, with its trace headers.
+    let ridden = paid(2);
+    let mut tx = pool.begin().await?;
+    sqlx::query_scalar::<_, Uuid>(RIDE)
+        .bind(1_i64)
+        .bind(outbox::param(&ridden)?)
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    let mut tx = pool.begin().await?;
+    let plain = outbox::publish(&mut tx, paid(2)).await?;
+    tx.commit().await?;
+    let (a, b) = (
+        outbox_row(&pool, ridden.id()).await.unwrap(),
+        outbox_row(&pool, plain).await.unwrap(),
+    );
+    assert_eq!(a, b, "publish and the ride-along form write the same row");
+    assert_eq!(a["headers"]["traceparent"], "00-abc-def-01");
+    assert_eq!(a["agg_key"], "order:1");
+    db.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_events_through_the_sql_function_get_a_classified_error() -> anyhow::Result<()> {
+    let db = TestDatabase::new().await?;
+    let pool = db.pool().clone();
+    // Rejected in Rust, before the statement is sent.
+    let err = outbox::param(&Event::new(" ", &1)).unwrap_err();
+    assert_eq!(err.code(), "invalid_event");
+    let err = outbox::param(&Event::new("ok", &1).header("Jobq-Event-Type", "x")).unwrap_err();
+    assert_eq!(err.code(), "invalid_event");
+
+    // Written by hand in SQL: rejected by jobq.publish with a code.
+    let big = format!(
+        r#"{{"type":"big","payload":"{}"}}"#,
+        "x".repeat(jobq::MAX_PAYLOAD_BYTES)
+    );
+    let cases = [
+        (r#"{"type":"","payload":1}"#.to_owned(), "invalid_event"),
+        (r#"{"payload":1}"#.to_owned(), "invalid_event"),
+        (r#"{"type":"t"}"#.to_owned(), "invalid_event"),
+        (r#"{"type":"t","payload":1,"id":"nope"}"#.to_owned(), "invalid_event"),
+        (r#"{"type":"t","payload":1,"aggregate_type":"order"}"#.to_owned(), "invalid_event"),
+        (
+            r#"{"type":"t","payload":1,"aggregate_type":"o","aggregate_id":"1","aggregate_version":1.5}"#
+                .to_owned(),
+            "invalid_event",
+        ),
+        (r#"{"type":"t","payload":1,"headers":{"a:b":"c"}}"#.to_owned(), "invalid_event"),
+        (r#"{"type":"t","payload":1,"headers":{"nats-msg-id":"c"}}"#.to_owned(), "invalid_event"),
+        (r#"{"type":"t","payload":1,"headers":{"a":"b\nc"}}"#.to_owned(), "invalid_event"),
+        (r#"{"type":"t","payload":1,"headers":{"a":1}}"#.to_owned(), "invalid_event"),
+        (big, "payload_too_large"),
+    ];
+    for (json, code) in &cases {
+        let mut tx = pool.begin().await?;
+        let err = sqlx::query("SELECT jobq.publish($1::jsonb)")
+            .bind(json)
+            .execute(&mut *tx)
+            .await
+            .unwrap_err();
+        let classified = outbox::rejection(&err).unwrap_or_else(|| panic!("{json}: {err}"));
+        assert_eq!(classified.code(), *code, "{json}: {classified}");
+        tx.rollback().await?;
+    }
+    // Other database errors are not the function's.
+    let err = sqlx::query("SELECT 1/0").execute(&pool).await.unwrap_err();
+    assert!(outbox::rejection(&err).is_none());
+
+    // A hand-written event without an id gets a UUIDv7; versions and ids may be numbers.
+    let id: Uuid = sqlx::query_scalar(
+        r#"SELECT jobq.publish('{"type":"t","payload":{"x":1},"aggregate_type":"order",
+                                "aggregate_id":7,"aggregate_version":3}')"#,
+    )
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(id.get_version_num(), 7);
+    let row = outbox_row(&pool, id).await.unwrap();
+    assert_eq!(row["agg_key"], "order:7");
+    assert_eq!(row["aggregate_version"], 3);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM jobq.outbox")
+        .fetch_one(&pool)
+        .await?;
+    assert_eq!(rows, 1, "rejected events write nothing");
+    db.close().await;
+    Ok(())
+}
+
+/// Advisory locks held by sessions of this test's database.
+async fn advisory_locks(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+         WHERE l.locktype = 'advisory' AND a.datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A sink that reports when it is called, then waits until released, then acks all.
+struct Blocking {
+    entered: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl outbox::Sink for Blocking {
+    async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), outbox::SinkError>> {
+        self.entered.notify_one();
+        self.release.notified().await;
+        events.iter().map(|_| Ok(())).collect()
+    }
+}
+
+#[tokio::test]
+async fn a_relay_holds_no_transaction_open_while_it_waits_for_the_broker() -> anyhow::Result<()> {
+    let db = TestDatabase::new().await?;
+    let pool = db.pool().clone();
+    let mut tx = pool.begin().await?;
+    outbox::publish_many(&mut tx, events(3, 2)).await?;
+    tx.commit().await?;
+
+    let (entered, release) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    // One event of each aggregate per pass, so the sink is called once.
+    let relay = Relay::new(Blocking {
+        entered: entered.clone(),
+        release: release.clone(),
+    })
+    .batch(3);
+    let pass = tokio::spawn({
+        let pool = pool.clone();
+        async move { relay.run_once(&pool).await }
+    });
+    entered.notified().await;
+
+    // The sink is waiting for the "broker": no session of this database is inside a
+    // transaction, yet the relay still holds its three aggregates.
+    let in_tx: Vec<(i32, String)> = sqlx::query_as(
+        "SELECT pid, coalesce(query, '') FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND state IN ('idle in transaction', 'idle in transaction (aborted)')",
+    )
+    .fetch_all(&pool)
+    .await?;
+    assert!(
+        in_tx.is_empty(),
+        "sessions idle in a transaction: {in_tx:?}"
+    );
+    let xmin_held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND backend_type = 'client backend' AND backend_xmin IS NOT NULL",
+    )
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(xmin_held, 0, "no session holds back the xmin horizon");
+    let locks = advisory_locks(&pool).await;
+    assert_eq!(locks, 3, "one lock per aggregate in the pass");
+    // Another relay meanwhile finds nothing it may take.
+    let other = Relay::new(Blocking {
+        entered: Arc::new(tokio::sync::Notify::new()),
+        release: Arc::new(tokio::sync::Notify::new()),
+    });
+    assert_eq!(other.run_once(&pool).await?.claimed, 0);
+
+    release.notify_one();
+    let report = pass.await??;
+    assert_eq!((report.claimed, report.published), (3, 3));
+    let locks = advisory_locks(&pool).await;
+    assert_eq!(locks, 0, "the pass released its aggregates");
+    assert_eq!(unpublished(&pool).await, 3, "the second versions are left");
+    db.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn old_inbox_rows_are_pruned_and_stale_versions_stay_rejected() -> anyhow::Result<()> {
+    use jobq::maintenance::{Pruner, PrunerConfig};
+    let db = TestDatabase::new().await?;
+    let pool = db.pool().clone();
+    // Five events of one aggregate and three without one, applied by "billing".
+    let versioned: Vec<Delivery> = (1..=5)
+        .map(|v| Delivery::new("billing", Uuid::now_v7()).aggregate("order", "1", v))
+        .collect();
+    let loose: Vec<Delivery> = (0..3)
+        .map(|_| Delivery::new("billing", Uuid::now_v7()))
+        .collect();
+    for d in versioned.iter().chain(&loose) {
+        let mut tx = pool.begin().await?;
+        assert_eq!(inbox::apply(&mut tx, d).await?, Outcome::New);
+        tx.commit().await?;
+    }
+    // All but the last loose one were applied 40 days ago.
+    sqlx::query(
+        "UPDATE jobq.inbox SET applied_at = now() - interval '40 days' WHERE event_id <> $1",
+    )
+    .bind(loose[2].event_id())
+    .execute(&pool)
+    .await?;
+
+    let pruner = Pruner::new(
+        pool.clone(),
+        PrunerConfig {
+            batch: 3,
+            ..PrunerConfig::default()
+        },
+    );
+    assert_eq!(pruner.dry_run(None).await?.inbox, 7);
+    let report = pruner.run_once().await?;
+    assert_eq!(report.inbox, 7, "in batches of 3: 3, 3, 1");
+    let left: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM jobq.inbox")
+        .fetch_all(&pool)
+        .await?;
+    assert_eq!(left, vec![loose[2].event_id()], "recent rows stay");
+
+    // The aggregate's last applied version survives: a redelivered old version is
+    // still rejected (as stale now, no longer as a duplicate by id); a new one applies.
+    let mut tx = pool.begin().await?;
+    assert_eq!(
+        inbox::apply(&mut tx, &versioned[4]).await?,
+        Outcome::Stale { applied: 5 }
+    );
+    assert_eq!(
+        inbox::apply(&mut tx, &versioned[1]).await?,
+        Outcome::Stale { applied: 5 }
+    );
+    let next = Delivery::new("billing", Uuid::now_v7()).aggregate("order", "1", 6);
+    assert_eq!(inbox::apply(&mut tx, &next).await?, Outcome::New);
+    // The recent loose event is still a duplicate.
+    assert_eq!(inbox::apply(&mut tx, &loose[2]).await?, Outcome::Duplicate);
+    tx.commit().await?;
+    db.close().await;
+    Ok(())
+}
+
+/// A sink that refuses every event, with a code chosen by the event's aggregate.
+struct Refusing;
+
+#[async_trait::async_trait]
+impl outbox::Sink for Refusing {
+    async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), outbox::SinkError>> {
+        events
+            .iter()
+            .map(|e| {
+                let code = match e.aggregate.as_ref().map(|a| a.id.as_str()) {
+                    Some("agg-0") => "broker_full",
+                    _ => "broker_refused",
+                };
+                Err(outbox::SinkError::new(code, "no"))
+            })
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn stats_count_publish_failures_by_code() -> anyhow::Result<()> {
+    let db = TestDatabase::new().await?;
+    let pool = db.pool().clone();
+    let mut tx = pool.begin().await?;
+    outbox::publish_many(&mut tx, events(3, 2)).await?;
+    tx.commit().await?;
+    let report = Relay::new(Refusing).run_once(&pool).await?;
+    // The first event of each aggregate fails; the second waits behind it.
+    assert_eq!((report.failed, report.held_back), (3, 3));
+    let s = jobq::stats::stats(&pool).await?;
+    assert_eq!(
+        s.outbox.failures,
+        vec![
+            outbox::PublishFailures {
+                code: "broker_refused".into(),
+                events: 2
+            },
+            outbox::PublishFailures {
+                code: "broker_full".into(),
+                events: 1
+            },
+        ]
+    );
+    assert_eq!(s.outbox.lag.iter().map(|l| l.unpublished).sum::<i64>(), 6);
+    let json = serde_json::to_value(&s.outbox)?;
+    assert_eq!(json["failures"][0]["code"], "broker_refused");
+    assert_eq!(json["failures"][0]["events"], 2);
+    db.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn one_relay_in_the_cluster_prunes_the_outbox() -> anyhow::Result<()> {
+    let (db, pool, client, js, name, _) = nats_fixture("ob_prune_leader", true).await?;
+    let mut handles = Vec::new();
+    for _ in 0..2 {
+        handles.push(
+            jobq::Runtime::builder(pool.clone())
+                .auto_register(false)
+                .relay(Relay::nats(client.clone(), subject_of(&name)))
+                .relay(Relay::nats(client.clone(), subject_of(&name)))
+                .build()?
+                .start()
+                .await?,
+        );
+    }
+    // Four relays, each running its first retention check at start: one holds the
+    // retention lock, the others stay followers.
+    let (hi, lo) = (
+        (outbox::OUTBOX_PRUNE_LOCK >> 32) as u32 as i64,
+        outbox::OUTBOX_PRUNE_LOCK as u32 as i64,
+    );
+    let holders = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_locks
+             WHERE locktype = 'advisory' AND classid::bigint = $1 AND objid::bigint = $2
+               AND objsubid = 1 AND granted
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .bind(hi)
+        .bind(lo)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    assert!(
+        eventually(WAIT, || async { holders().await == 1 }).await,
+        "no relay leads the outbox retention"
+    );
+    for h in handles {
+        h.shutdown().await;
+    }
+    assert_eq!(holders().await, 0, "the leader resigned at shutdown");
+    finish(db, &js, &name).await;
     Ok(())
 }

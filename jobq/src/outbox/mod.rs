@@ -36,14 +36,14 @@ use sqlx::{Postgres, Transaction};
 
 use crate::error::Error;
 use crate::job::MAX_PAYLOAD_BYTES;
-use crate::store::{self, NewEvent};
+use crate::store;
 
 #[cfg(feature = "nats")]
 pub use nats::NatsSink;
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::RabbitSink;
-pub use relay::{Relay, RelayConfig, RelayReport, Sink, SinkError};
-pub use store::{Aggregate, OutboxEvent, OutboxLag, StuckEvent};
+pub use relay::{OUTBOX_PRUNE_LOCK, Relay, RelayConfig, RelayReport, Sink, SinkError};
+pub use store::{Aggregate, EventParam, OutboxEvent, OutboxLag, PublishFailures, StuckEvent};
 pub use uuid::Uuid;
 
 /// The longest event type accepted.
@@ -128,7 +128,7 @@ impl Event {
         &self.event_type
     }
 
-    fn validate(self) -> Result<NewEvent, Error> {
+    fn validate(self) -> Result<EventParam, Error> {
         let bad = |message: String| Error::invalid("invalid_event", message);
         let t = &self.event_type;
         if t.trim().is_empty() || t.len() > MAX_EVENT_TYPE_LEN {
@@ -178,22 +178,79 @@ impl Event {
                 )));
             }
         }
-        let headers = serde_json::to_string(&self.headers)
-            .map_err(|e| bad(format!("headers could not be serialized: {e}")))?;
-        let (aggregate_type, aggregate_id, aggregate_version) = match self.aggregate {
-            Some((k, i, v)) => (Some(k), Some(i), v),
+        let payload = serde_json::value::RawValue::from_string(payload)
+            .map_err(|e| bad(format!("payload of event `{t}` is not JSON: {e}")))?;
+        let (aggregate_type, aggregate_id, aggregate_version) = match &self.aggregate {
+            Some((k, i, v)) => (Some(k.as_str()), Some(i.as_str()), *v),
             None => (None, None, None),
         };
-        Ok(NewEvent {
+        // The object `jobq.publish(event jsonb)` reads (migration 0012).
+        #[derive(Serialize)]
+        struct Wire<'a> {
+            id: Uuid,
+            #[serde(rename = "type")]
+            event_type: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            aggregate_type: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            aggregate_id: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            aggregate_version: Option<i64>,
+            payload: &'a serde_json::value::RawValue,
+            #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+            headers: &'a BTreeMap<String, String>,
+        }
+        let json = serde_json::to_string(&Wire {
             id: self.id,
-            event_type: self.event_type,
+            event_type: t,
             aggregate_type,
             aggregate_id,
             aggregate_version,
-            payload,
-            headers,
+            payload: &payload,
+            headers: &self.headers,
         })
+        .map_err(|e| bad(format!("event `{t}` could not be serialized: {e}")))?;
+        Ok(EventParam::new(self.id, json))
     }
+}
+
+/// `event` as a parameter for `jobq.publish(event jsonb)`, so a statement the caller
+/// sends anyway writes the event too, with no round trip of its own:
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool) -> Result<(), jobq::Error> {
+/// use jobq::outbox::{self, Event};
+///
+/// let event = Event::new("order_paid", &serde_json::json!({ "order_id": 123 }))
+///     .aggregate("order", 123, 7);
+/// let mut tx = pool.begin().await?;
+/// let id: outbox::Uuid =
+///     sqlx::query_scalar("UPDATE orders SET paid = true WHERE id = $1 RETURNING jobq.publish($2)")
+///         .bind(123_i64)
+///         .bind(outbox::param(&event)?)
+///         .fetch_one(&mut *tx)
+///         .await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+///
+/// The row is the one [`publish`] writes (both go through `jobq.publish`), with the same
+/// trace headers. The event exists only if the statement returns a row for it and the
+/// transaction commits: an `UPDATE … RETURNING` that matches no row publishes nothing.
+///
+/// # Errors
+///
+/// [`Error::Invalid`], as [`publish`]. `jobq.publish` checks the same rules again for
+/// events written by hand in SQL; [`rejection`] classifies its errors.
+pub fn param(event: &Event) -> Result<EventParam, Error> {
+    event.clone().validate()
+}
+
+/// The classified error behind `err` when `jobq.publish` rejected an event (SQLSTATE
+/// 22023, schema `jobq`, the code as the constraint name): [`Error::Invalid`] with code
+/// `invalid_event` or `payload_too_large`. `None` for any other error.
+pub fn rejection(err: &sqlx::Error) -> Option<Error> {
+    store::publish_rejection(err)
 }
 
 /// A typed event: its type declared once, its aggregate read from its fields.
@@ -274,8 +331,8 @@ pub async fn publish<'c>(
     event: impl IntoEvent,
 ) -> Result<Uuid, Error> {
     let e = event.into_event().validate()?;
-    let id = e.id;
-    store::outbox_insert(conn.into().0, std::slice::from_ref(&e)).await?;
+    let id = e.id();
+    store::outbox_publish(conn.into().0, &e).await?;
     Ok(id)
 }
 
@@ -294,8 +351,8 @@ where
         .into_iter()
         .map(|e| e.into_event().validate())
         .collect::<Result<Vec<_>, _>>()?;
-    let ids = rows.iter().map(|r| r.id).collect();
-    store::outbox_insert(conn.into().0, &rows).await?;
+    let ids = rows.iter().map(|r| r.id()).collect();
+    store::outbox_publish_many(conn.into().0, &rows).await?;
     Ok(ids)
 }
 
@@ -305,8 +362,8 @@ where
 pub struct OutboxStats {
     /// Unpublished events per event type, oldest first.
     pub lag: Vec<OutboxLag>,
-    /// Unpublished events whose last publish failed, by error code.
-    pub failures: Vec<(String, i64)>,
+    /// Unpublished events whose last publish failed, by error code, most first.
+    pub failures: Vec<PublishFailures>,
 }
 
 /// [`OutboxStats`] now.
@@ -336,7 +393,7 @@ pub async fn lag(pool: &sqlx::PgPool) -> Result<Vec<OutboxLag>, Error> {
 /// # Errors
 ///
 /// [`Error::Database`].
-pub async fn failure_codes(pool: &sqlx::PgPool) -> Result<Vec<(String, i64)>, Error> {
+pub async fn failure_codes(pool: &sqlx::PgPool) -> Result<Vec<PublishFailures>, Error> {
     store::outbox_failure_codes(pool).await
 }
 

@@ -1,13 +1,18 @@
 //! The relay: claims unpublished events, hands them to a [`Sink`], and marks them
 //! published only after the sink reports the broker's acknowledgement.
 //!
-//! One pass runs in one transaction on its own connection: the claim takes each
-//! aggregate under a transaction-scoped advisory lock (another relay skips it), the sink
-//! publishes, and the bookkeeping (published, or failed with a backoff) commits at the
-//! end. A relay that dies mid-pass — even after the broker's ack — releases its locks
-//! with its connection and changes nothing, so another pass re-sends the same events
-//! under the same ids: the broker's dedupe (JetStream's `Nats-Msg-Id`) or the consumer's
-//! inbox (the AMQP `message_id`) absorbs the copy.
+//! One pass holds one connection and never a transaction while it waits for the broker:
+//! it takes each aggregate under a session-level advisory lock (another relay skips it),
+//! reads the aggregates' rows in a statement of its own, lets the sink publish with no
+//! transaction open (an open one would hold back vacuum for the whole cluster for as long
+//! as the broker takes), records the outcome (published, or failed with a backoff) in
+//! one autocommitted statement each, and only then releases the locks. A relay that dies
+//! mid-pass — even after the broker's ack — releases its locks with its connection and
+//! has changed nothing, so another pass re-sends the same events under the same ids: the
+//! broker's dedupe (JetStream's `Nats-Msg-Id`) or the consumer's inbox (the AMQP
+//! `message_id`) absorbs the copy. A pass that fails or is cancelled closes its connection
+//! instead of returning it to the pool with locks held. Session locks need a real
+//! session: a relay's pool must not go through a transaction-mode pooler.
 //!
 //! Order: the events of one aggregate go out in version order, one "wave" at a time
 //! (the first event of every claimed aggregate, then the second, …), and a failed event
@@ -18,15 +23,20 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::OutboxEvent;
 use crate::error::Error;
-use crate::maintenance::jittered;
+use crate::maintenance::{Leader, jittered};
 use crate::store::{self, PublishFailure};
+
+/// The advisory-lock key of the outbox retention's leader election ("jobqoutp" in
+/// ASCII): of all relays on all nodes, only the one holding it prunes.
+pub const OUTBOX_PRUNE_LOCK: i64 = 0x6a6f_6271_6f75_7470;
 
 /// Why a sink could not publish an event. `code` is stable (`nats_stream_not_found`,
 /// `amqp_nack`, …) and is stored in `outbox.last_error_code`.
@@ -117,6 +127,22 @@ pub struct RelayReport {
     pub failed: usize,
     /// Events claimed but not sent because an earlier event of their aggregate failed.
     pub held_back: usize,
+}
+
+/// The connection of one pass while it holds aggregate locks: unless the pass released
+/// them (`clean`), the connection is closed rather than returned to the pool, which ends
+/// its session and so its locks (a failed statement, or a pass cancelled at shutdown).
+struct Held<'a> {
+    conn: &'a mut PoolConnection<Postgres>,
+    clean: bool,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if !self.clean {
+            self.conn.close_on_drop();
+        }
+    }
 }
 
 /// Relays the outbox to a broker. Add it to a runtime with
@@ -221,21 +247,26 @@ impl Relay {
     /// [`Error::Database`] when the outbox cannot be read or written; the pass then
     /// changes nothing, and its events are sent again by a later pass.
     pub async fn run_once(&self, pool: &PgPool) -> Result<RelayReport, Error> {
-        let mut tx = pool.begin().await?;
-        let claimed = store::outbox_claim(
-            &mut tx,
+        let mut conn = pool.acquire().await?;
+        let mut held = Held {
+            conn: &mut conn,
+            clean: false,
+        };
+        let keys = store::outbox_lock(
+            held.conn,
             self.config.window.max(self.config.batch) as i64,
             self.config.batch as i64,
         )
         .await?;
+        if keys.is_empty() {
+            held.clean = true;
+            return Ok(RelayReport::default());
+        }
+        let claimed = store::outbox_claim(held.conn, &keys, self.config.batch as i64).await?;
         let mut report = RelayReport {
             claimed: claimed.len(),
             ..RelayReport::default()
         };
-        if claimed.is_empty() {
-            tx.rollback().await?;
-            return Ok(report);
-        }
         // Group by aggregate, keeping the claim's order within each.
         let mut groups: Vec<Vec<OutboxEvent>> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
@@ -294,9 +325,11 @@ impl Relay {
         }
         report.published = published.len();
         report.failed = failures.len();
-        store::outbox_mark_published(&mut tx, &published).await?;
-        store::outbox_mark_failed(&mut tx, &failures).await?;
-        tx.commit().await?;
+        store::outbox_mark_published(held.conn, &published).await?;
+        store::outbox_mark_failed(held.conn, &failures).await?;
+        // Only now, with the outcome committed, may another relay take these aggregates.
+        store::outbox_unlock(held.conn, &keys).await?;
+        held.clean = true;
         for (t, n) in by_type {
             crate::metrics::outbox_published(&t, n);
         }
@@ -322,23 +355,28 @@ impl Relay {
 
     /// Runs passes until `stop` is cancelled: at once while there is work, every
     /// `poll_interval` while the outbox is empty, with a growing backoff while nothing can
-    /// be published; prunes every `prune_interval`; refreshes the lag gauge every 5 s.
+    /// be published; prunes every `prune_interval` while it leads the retention election
+    /// ([`OUTBOX_PRUNE_LOCK`]: one relay in the cluster prunes); refreshes the lag gauge
+    /// every 5 s.
     pub(crate) async fn run(self, pool: PgPool, stop: CancellationToken) {
         let mut idle_failures: u32 = 0;
+        let mut leader = Leader::new(pool.clone(), OUTBOX_PRUNE_LOCK);
         let mut next_prune = Instant::now();
         let mut next_gauge = Instant::now();
         let mut gauged: Vec<String> = Vec::new();
         loop {
             if stop.is_cancelled() {
-                return;
+                break;
             }
             let now = Instant::now();
             if now >= next_prune {
                 next_prune = now + jittered(self.config.prune_interval);
-                match self.prune(&pool).await {
-                    Ok(n) if n > 0 => debug!(deleted = n, "outbox retention pass"),
-                    Ok(_) => {}
-                    Err(e) => warn!(error = %e, "outbox retention pass failed"),
+                if leader.check().await {
+                    match self.prune(&pool).await {
+                        Ok(n) if n > 0 => debug!(deleted = n, "outbox retention pass"),
+                        Ok(_) => {}
+                        Err(e) => warn!(error = %e, "outbox retention pass failed"),
+                    }
                 }
             }
             if now >= next_gauge {
@@ -386,10 +424,11 @@ impl Relay {
             };
             if let Some(wait) = wait {
                 tokio::select! {
-                    _ = stop.cancelled() => return,
+                    _ = stop.cancelled() => break,
                     _ = tokio::time::sleep(wait) => {}
                 }
             }
         }
+        leader.resign().await;
     }
 }

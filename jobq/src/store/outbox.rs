@@ -1,5 +1,5 @@
 //! The outbox and the inbox: inserting events in the caller's transaction, the relay's
-//! claim (one claimant per aggregate, through a transaction-scoped advisory lock) and its
+//! claim (one claimant per aggregate, through a session-level advisory lock) and its
 //! bookkeeping, retention, the operator's reads and replay, and the inbox's one-statement
 //! apply.
 
@@ -12,68 +12,103 @@ use uuid::Uuid;
 
 use crate::error::Error;
 
-/// The advisory-lock namespace of the relay's per-aggregate claims ("jobqoutb" in ASCII,
-/// folded to 32 bits: the two-key form of `pg_try_advisory_xact_lock`).
+/// The advisory-lock namespace of the relay's per-aggregate claims ("outb" in ASCII: the
+/// two-key form of `pg_try_advisory_lock`).
 const RELAY_LOCK_NS: i32 = 0x6f75_7462;
 
-/// An event ready for insertion, validated.
+/// An event validated and serialized for `jobq.publish(event jsonb)`, the SQL function
+/// that writes an outbox row (see [`param`](crate::outbox::param)). Binds as `jsonb`.
 #[derive(Debug, Clone)]
-pub(crate) struct NewEvent {
-    pub(crate) id: Uuid,
-    pub(crate) event_type: String,
-    pub(crate) aggregate_type: Option<String>,
-    pub(crate) aggregate_id: Option<String>,
-    pub(crate) aggregate_version: Option<i64>,
-    /// Serialized JSON.
-    pub(crate) payload: String,
-    /// Serialized JSON object of string values.
-    pub(crate) headers: String,
+pub struct EventParam {
+    id: Uuid,
+    json: String,
 }
 
-/// Inserts `events` in one statement, on the caller's connection (and transaction).
-pub(crate) async fn outbox_insert(
+impl EventParam {
+    /// `json` is the object `jobq.publish` reads; `id` its `id` field.
+    pub(crate) fn new(id: Uuid, json: String) -> EventParam {
+        EventParam { id, json }
+    }
+
+    /// The event's id: what `jobq.publish` returns for it.
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+}
+
+impl sqlx::Type<sqlx::Postgres> for EventParam {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        sqlx::postgres::PgTypeInfo::with_name("jsonb")
+    }
+}
+
+impl sqlx::postgres::PgHasArrayType for EventParam {
+    fn array_type_info() -> sqlx::postgres::PgTypeInfo {
+        sqlx::postgres::PgTypeInfo::with_name("_jsonb")
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Postgres> for EventParam {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        // jsonb's binary form: format version 1, then the JSON text.
+        buf.push(1);
+        buf.extend_from_slice(self.json.as_bytes());
+        Ok(sqlx::encode::IsNull::No)
+    }
+}
+
+/// Writes one event through `jobq.publish`, on the caller's connection (and transaction).
+pub(crate) async fn outbox_publish(
     conn: &mut PgConnection,
-    events: &[NewEvent],
+    event: &EventParam,
+) -> Result<(), Error> {
+    sqlx::query("SELECT jobq.publish($1)")
+        .bind(event)
+        .execute(&mut *conn)
+        .await
+        .map_err(classify_publish)?;
+    Ok(())
+}
+
+/// Writes `events` through `jobq.publish` in one statement, in order.
+pub(crate) async fn outbox_publish_many(
+    conn: &mut PgConnection,
+    events: &[EventParam],
 ) -> Result<(), Error> {
     if events.is_empty() {
         return Ok(());
     }
-    let mut ids = Vec::with_capacity(events.len());
-    let mut types = Vec::with_capacity(events.len());
-    let mut agg_types = Vec::with_capacity(events.len());
-    let mut agg_ids = Vec::with_capacity(events.len());
-    let mut versions = Vec::with_capacity(events.len());
-    let mut payloads = Vec::with_capacity(events.len());
-    let mut headers = Vec::with_capacity(events.len());
-    for e in events {
-        ids.push(e.id);
-        types.push(e.event_type.as_str());
-        agg_types.push(e.aggregate_type.as_deref());
-        agg_ids.push(e.aggregate_id.as_deref());
-        versions.push(e.aggregate_version);
-        payloads.push(e.payload.as_str());
-        headers.push(e.headers.as_str());
-    }
     sqlx::query(
-        "INSERT INTO jobq.outbox
-             (id, event_type, aggregate_type, aggregate_id, aggregate_version, agg_key, payload, headers)
-         SELECT id, et, at, ai, av,
-                CASE WHEN at IS NULL THEN 'event:' || id::text ELSE at || ':' || ai END,
-                p::jsonb, h::jsonb
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[])
-              WITH ORDINALITY AS t(id, et, at, ai, av, p, h, n)
-         ORDER BY n",
+        "SELECT jobq.publish(e) FROM unnest($1::jsonb[]) WITH ORDINALITY AS t(e, n) ORDER BY n",
     )
-    .bind(&ids)
-    .bind(&types)
-    .bind(&agg_types)
-    .bind(&agg_ids)
-    .bind(&versions)
-    .bind(&payloads)
-    .bind(&headers)
+    .bind(events)
     .execute(&mut *conn)
-    .await?;
+    .await
+    .map_err(classify_publish)?;
     Ok(())
+}
+
+fn classify_publish(e: sqlx::Error) -> Error {
+    publish_rejection(&e).unwrap_or(Error::Database(e))
+}
+
+/// The classified error when `jobq.publish` rejected an event: SQLSTATE 22023 from
+/// schema `jobq`, with the code as the constraint name.
+pub(crate) fn publish_rejection(err: &sqlx::Error) -> Option<Error> {
+    let db = err.as_database_error()?;
+    let pg = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?;
+    if pg.code() != "22023" || pg.schema() != Some("jobq") {
+        return None;
+    }
+    let code = match pg.constraint()? {
+        "invalid_event" => "invalid_event",
+        "payload_too_large" => "payload_too_large",
+        _ => return None,
+    };
+    Some(Error::invalid(code, pg.message().to_owned()))
 }
 
 /// An event's aggregate: its type, id and version.
@@ -130,19 +165,19 @@ fn event_from_row(r: &sqlx::postgres::PgRow) -> Result<OutboxEvent, Error> {
     })
 }
 
-/// The relay's claim, inside the relay's transaction: from the oldest `window`
-/// unpublished rows, the aggregates none of whose rows waits for a backoff, at most `batch` of them,
-/// each taken only if this transaction gets its advisory lock (another relay holding it
-/// is relaying that aggregate now); then up to `batch` of their rows, locked — the first
-/// row of every aggregate before the second of any, so one long aggregate cannot starve
-/// the others — returned in (aggregate, version, seq) order. The locks last until the transaction ends, so a relay
-/// that dies releases its aggregates with its connection.
-pub(crate) async fn outbox_claim(
+/// The relay's claim, step 1, outside any transaction: from the oldest `window`
+/// unpublished rows, the aggregates none of whose rows waits for a backoff, at most
+/// `batch` of them, each taken only if this session gets its advisory lock (another relay
+/// holding it is relaying that aggregate now). Returns the aggregate keys taken. The
+/// locks are session-level: they outlive the statement and are released by
+/// [`outbox_unlock`] after the bookkeeping committed, or with the connection when the
+/// relay dies.
+pub(crate) async fn outbox_lock(
     conn: &mut PgConnection,
     window: i64,
     batch: i64,
-) -> Result<Vec<OutboxEvent>, Error> {
-    let rows = sqlx::query(
+) -> Result<Vec<String>, Error> {
+    let keys = sqlx::query_scalar(
         r#"
         WITH win AS MATERIALIZED (
             SELECT seq, agg_key, retry_at FROM jobq.outbox
@@ -156,28 +191,8 @@ pub(crate) async fn outbox_claim(
             HAVING bool_and(retry_at IS NULL OR retry_at <= now())
             ORDER BY min(seq)
             LIMIT $2
-        ),
-        mine AS MATERIALIZED (
-            SELECT agg_key FROM due WHERE pg_try_advisory_xact_lock($3, hashtext(agg_key))
-        ),
-        ranked AS MATERIALIZED (
-            SELECT o.id, o.agg_key,
-                   row_number() OVER (PARTITION BY o.agg_key
-                                      ORDER BY o.aggregate_version NULLS FIRST, o.seq) AS rn
-            FROM jobq.outbox o
-            WHERE o.agg_key IN (SELECT agg_key FROM mine)
-              AND o.published_at IS NULL
-              AND o.seq IN (SELECT seq FROM win)
-        ),
-        chosen AS MATERIALIZED (
-            SELECT id FROM ranked ORDER BY rn, agg_key LIMIT $2
         )
-        SELECT o.id, o.event_type, o.aggregate_type, o.aggregate_id, o.aggregate_version,
-               o.payload::text AS payload, o.headers, o.created_at, o.attempts
-        FROM jobq.outbox o
-        WHERE o.id IN (SELECT id FROM chosen) AND o.published_at IS NULL
-        ORDER BY o.agg_key, o.aggregate_version NULLS FIRST, o.seq
-        FOR UPDATE OF o
+        SELECT agg_key FROM due WHERE pg_try_advisory_lock($3, hashtext(agg_key))
         "#,
     )
     .bind(window)
@@ -185,7 +200,65 @@ pub(crate) async fn outbox_claim(
     .bind(RELAY_LOCK_NS)
     .fetch_all(&mut *conn)
     .await?;
+    Ok(keys)
+}
+
+/// The relay's claim, step 2: the unpublished rows of the aggregates `keys` this session
+/// locked, read in a snapshot taken after the locks, so everything a previous holder
+/// marked is seen; aggregates with a row waiting for a backoff are left out. At most
+/// `batch` rows — the first row of every aggregate before the second of any, so one long
+/// aggregate cannot starve the others — returned in (aggregate, version, seq) order.
+pub(crate) async fn outbox_claim(
+    conn: &mut PgConnection,
+    keys: &[String],
+    batch: i64,
+) -> Result<Vec<OutboxEvent>, Error> {
+    let rows = sqlx::query(
+        r#"
+        WITH held AS MATERIALIZED (
+            SELECT o.agg_key FROM jobq.outbox o
+            WHERE o.agg_key = ANY($1) AND o.published_at IS NULL
+            GROUP BY o.agg_key
+            HAVING bool_and(o.retry_at IS NULL OR o.retry_at <= now())
+        ),
+        ranked AS MATERIALIZED (
+            SELECT o.id, o.agg_key,
+                   row_number() OVER (PARTITION BY o.agg_key
+                                      ORDER BY o.aggregate_version NULLS FIRST, o.seq) AS rn
+            FROM jobq.outbox o
+            WHERE o.agg_key IN (SELECT agg_key FROM held) AND o.published_at IS NULL
+        ),
+        chosen AS MATERIALIZED (
+            SELECT id FROM ranked ORDER BY rn, agg_key LIMIT $2
+        )
+        SELECT o.id, o.event_type, o.aggregate_type, o.aggregate_id, o.aggregate_version,
+               o.payload::text AS payload, o.headers, o.created_at, o.attempts
+        FROM jobq.outbox o
+        WHERE o.id IN (SELECT id FROM chosen)
+        ORDER BY o.agg_key, o.aggregate_version NULLS FIRST, o.seq
+        "#,
+    )
+    .bind(keys)
+    .bind(batch)
+    .fetch_all(&mut *conn)
+    .await?;
     rows.iter().map(event_from_row).collect()
+}
+
+/// Releases the session's advisory locks on the aggregates `keys` ([`outbox_lock`]'s
+/// result: one unlock per lock taken, so two keys of one hash release both).
+pub(crate) async fn outbox_unlock(conn: &mut PgConnection, keys: &[String]) -> Result<(), Error> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "SELECT count(*) FROM unnest($1::text[]) k WHERE pg_advisory_unlock($2, hashtext(k))",
+    )
+    .bind(keys)
+    .bind(RELAY_LOCK_NS)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// Marks `ids` published (the broker acknowledged them). Returns how many rows changed.
@@ -301,8 +374,17 @@ pub(crate) async fn outbox_lag(pool: &PgPool) -> Result<Vec<OutboxLag>, Error> {
         .collect()
 }
 
-/// Unpublished events whose last publish failed, counted by error code.
-pub(crate) async fn outbox_failure_codes(pool: &PgPool) -> Result<Vec<(String, i64)>, Error> {
+/// Unpublished events whose last publish failed with one error code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PublishFailures {
+    /// The sink's stable code (`nats_stream_not_found`, `amqp_nack`, …).
+    pub code: String,
+    /// Unpublished events whose last attempt failed with it.
+    pub events: i64,
+}
+
+/// Unpublished events whose last publish failed, counted by error code, most first.
+pub(crate) async fn outbox_failure_codes(pool: &PgPool) -> Result<Vec<PublishFailures>, Error> {
     let rows: Vec<(String, i64)> = sqlx::query_as(
         "SELECT last_error_code, count(*) FROM jobq.outbox
          WHERE published_at IS NULL AND last_error_code IS NOT NULL
@@ -310,7 +392,10 @@ pub(crate) async fn outbox_failure_codes(pool: &PgPool) -> Result<Vec<(String, i
     )
     .fetch_all(pool)
     .await?;
-    Ok(rows)
+    Ok(rows
+        .into_iter()
+        .map(|(code, events)| PublishFailures { code, events })
+        .collect())
 }
 
 /// An unpublished event as the operator sees it.
@@ -388,6 +473,41 @@ pub(crate) async fn outbox_replay(
     .fetch_optional(&mut *conn)
     .await?;
     Ok(found.is_some())
+}
+
+/// Deletes up to `batch` inbox rows applied before `before`, oldest first. The
+/// aggregates' last applied versions (`jobq.inbox_aggregates`) stay: they are what makes
+/// a stale delivery stale. Returns how many rows it deleted.
+pub(crate) async fn inbox_prune_batch(
+    pool: &PgPool,
+    before: DateTime<Utc>,
+    batch: i64,
+) -> Result<u64, Error> {
+    let deleted = sqlx::query(
+        "DELETE FROM jobq.inbox WHERE (consumer, event_id) IN (
+             SELECT consumer, event_id FROM jobq.inbox
+             WHERE applied_at < $1
+             ORDER BY applied_at
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(before)
+    .bind(batch)
+    .execute(pool)
+    .await?;
+    Ok(deleted.rows_affected())
+}
+
+/// How many inbox rows were applied before `before`.
+pub(crate) async fn inbox_prune_count(
+    conn: &mut PgConnection,
+    before: DateTime<Utc>,
+) -> Result<u64, Error> {
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM jobq.inbox WHERE applied_at < $1")
+        .bind(before)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// What the inbox made of a delivery.
