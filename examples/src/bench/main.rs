@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p examples --bin bench -- [--quick] [--jobs N] [--reps R] [--only LIST]
-//!     [--soak] [--held-snapshot] [--soak-minutes M] [--autovacuum-off]
+//!     [--soak] [--held-snapshot] [--soak-minutes M]
 //! ```
 //!
 //! It creates its own database `jobq_bench_<pid>` (dropped at the end) on the server of `DATABASE_URL` (default
@@ -15,22 +15,25 @@
 //! up on a noisy machine better than the absolute figures do.
 //!
 //! `LIST` is a comma-separated subset of
-//! `ceiling,enqueue,drain,dirty,ordering,latency,notify,scale,outbox,limits`
+//! `ceiling,enqueue,drain,dirty,ordering,latency,notify,scale,outbox,limits,retention`
 //! (`soak` and `held` too, when asked for by their flags).
 //! `--quick` is a smoke run for CI (under a minute); it fails only on errors, never on
 //! timing. The long rows run only when asked: `--soak` (10 minutes of steady load, or
 //! `--soak-minutes M`) and `--held-snapshot` (the soak with a transaction held open for
-//! five minutes in the middle).
+//! the middle third of 15 minutes, or of `--soak-minutes M`: `2` holds it for 40 s).
 //!
-//! Every figure is taken with the server's autovacuum on: the run turns it on with
-//! `ALTER SYSTEM` (when the server has it off) and puts `postgresql.auto.conf` back as
-//! it was when it ends. `--autovacuum-off` runs with it off instead, for comparison.
+//! Every figure is meant to be taken with the server's autovacuum on (PostgreSQL's
+//! default). The bench never changes the server's configuration: it reads the setting and
+//! says in the report when the server has autovacuum off. The one comparison row with it
+//! off (in `dirty`) turns it off for the bench database's `jobq.jobs` only, with the
+//! table's storage parameter `autovacuum_enabled`.
 
 mod limits;
 mod ordering;
 mod outbox;
 mod raw;
 mod report;
+mod retention;
 mod scale;
 mod util;
 mod worker;
@@ -62,10 +65,12 @@ struct Settings {
     latency_secs: f64,
     concurrencies: Vec<usize>,
     only: Option<Vec<String>>,
-    /// Minutes of the soak, when asked for (`--soak`, `--soak-minutes`).
+    /// Whether the soak runs (`--soak`, or `--soak-minutes` without `--held-snapshot`).
+    soak: bool,
+    /// `--soak-minutes`: the soak's length (default 10) and the held-snapshot run's
+    /// (default 15, in thirds: before, held, after).
     soak_minutes: Option<usize>,
     held_snapshot: bool,
-    autovacuum: bool,
 }
 
 impl Settings {
@@ -76,16 +81,15 @@ impl Settings {
         let mut reps = None;
         let mut only = None;
         let mut concurrencies = None;
-        let (mut soak_minutes, mut held_snapshot, mut autovacuum) = (None, false, true);
+        let (mut soak, mut soak_minutes, mut held_snapshot) = (false, None, false);
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--quick" => quick = true,
-                "--soak" => soak_minutes = Some(soak_minutes.unwrap_or(10)),
+                "--soak" => soak = true,
                 "--soak-minutes" => {
                     soak_minutes = Some(args.next().context("--soak-minutes M")?.parse()?)
                 }
                 "--held-snapshot" => held_snapshot = true,
-                "--autovacuum-off" => autovacuum = false,
                 "--jobs" => jobs = Some(args.next().context("--jobs N")?.parse()?),
                 "--reps" => reps = Some(args.next().context("--reps R")?.parse()?),
                 "--concurrency" => {
@@ -108,7 +112,7 @@ impl Settings {
                 }
                 "-h" | "--help" => {
                     println!(
-                        "bench [--quick] [--jobs N] [--reps R] [--concurrency 1,16,64,256] [--only ceiling,enqueue,drain,dirty,ordering,latency,notify,scale,outbox,limits,soak,held] [--soak] [--soak-minutes M] [--held-snapshot] [--autovacuum-off]"
+                        "bench [--quick] [--jobs N] [--reps R] [--concurrency 1,16,64,256] [--only ceiling,enqueue,drain,dirty,ordering,latency,notify,scale,outbox,limits,retention,soak,held] [--soak] [--soak-minutes M] [--held-snapshot]"
                     );
                     std::process::exit(0);
                 }
@@ -126,9 +130,9 @@ impl Settings {
                 latency_secs: 1.5,
                 concurrencies: vec![1, 16, 64, 256],
                 only: None,
+                soak: false,
                 soak_minutes: None,
                 held_snapshot: false,
-                autovacuum: true,
             }
         } else {
             Settings {
@@ -141,14 +145,14 @@ impl Settings {
                 latency_secs: 5.0,
                 concurrencies: vec![1, 16, 64, 256],
                 only: None,
+                soak: false,
                 soak_minutes: None,
                 held_snapshot: false,
-                autovacuum: true,
             }
         };
+        s.soak = soak || (soak_minutes.is_some() && !held_snapshot);
         s.soak_minutes = soak_minutes;
         s.held_snapshot = held_snapshot;
-        s.autovacuum = autovacuum;
         if let Some(j) = jobs {
             s.jobs = j;
         }
@@ -192,18 +196,17 @@ fn main() -> anyhow::Result<()> {
 async fn run(s: Settings) -> anyhow::Result<()> {
     let started = Instant::now();
     let db = BenchDb::create().await?;
-    let autovacuum = scale::Autovacuum::enable(&db, s.autovacuum).await?;
     let result = sections(&s, &db, started).await;
-    // Whatever happened, the server's setting goes back.
-    let restored = autovacuum.restore(&db).await;
     db.pool.close().await;
     let dropped = db.drop_database().await;
-    result.and(restored).and(dropped)
+    result.and(dropped)
 }
 
 async fn sections(s: &Settings, db: &BenchDb, started: Instant) -> anyhow::Result<()> {
     let (s, db) = (s, db);
     let mut report = Report::default();
+    let autovacuum = scale::autovacuum_check(db).await?;
+    report.note(autovacuum);
     eprintln!(
         "jobq bench: {} jobs per drain, {} repetition(s){}",
         s.jobs,
@@ -242,14 +245,16 @@ async fn sections(s: &Settings, db: &BenchDb, started: Instant) -> anyhow::Resul
     if s.wants("limits") {
         limits::limits(s, db, &mut report).await?;
     }
-    if let Some(minutes) = s.soak_minutes
-        && s.wants("soak")
-    {
-        scale::soak(s, db, &mut report, minutes.max(1), None).await?;
+    if s.wants("retention") {
+        retention::retention(s, db, &mut report).await?;
+    }
+    if s.soak && s.wants("soak") {
+        let plan = scale::Plan::soak(s.soak_minutes.unwrap_or(10));
+        scale::soak(s, db, &mut report, plan).await?;
     }
     if s.held_snapshot && s.wants("held") {
-        // Two minutes before, five held, two after.
-        scale::soak(s, db, &mut report, 9, Some((2, 5))).await?;
+        let plan = scale::Plan::held(s.soak_minutes.unwrap_or(15));
+        scale::soak(s, db, &mut report, plan).await?;
     }
     report.print(s, started.elapsed());
     Ok(())
@@ -302,8 +307,9 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
     let pool = db.new_pool(4).await?;
     let (mut one, mut many) = (Samples::default(), Samples::default());
     let mut paired = Samples::default();
-    let mut many_paired = Samples::default();
-    let mut one_noping = Samples::default();
+    let (mut many_paired, mut copy_paired) = (Samples::default(), Samples::default());
+    let mut best_paired = Samples::default();
+    let (mut one_noping, mut pool_paired) = (Samples::default(), Samples::default());
     // sqlx pings every connection it hands out unless told not to: one more round trip
     // per enqueue on a pool. Measured both ways.
     let noping = sqlx::postgres::PgPoolOptions::new()
@@ -316,7 +322,7 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
         // Alternating rounds of the raw INSERT and of enqueue, so the ratio compares
         // the two under the same commit latency (it drifts by 2x within a minute here).
         let round = (s.singles / 10).max(1);
-        let (mut t_raw, mut t_jobq, mut t_noping) = (0.0, 0.0, 0.0);
+        let (mut t_raw, mut t_jobq, mut t_noping, mut t_pool) = (0.0, 0.0, 0.0, 0.0);
         for r in 0..10 {
             t_raw += round as f64 / raw::insert_one_by_one(db, 1, round).await?;
             let start = Instant::now();
@@ -329,17 +335,26 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
                 Noop::enqueue(&noping, (r * round + i) as u64).await?;
             }
             t_noping += start.elapsed().as_secs_f64();
+            // The raw INSERT through the same pool: what checking a connection out and
+            // back in costs any statement, jobq's or the application's.
+            let start = Instant::now();
+            for i in 0..round {
+                raw::insert_one_on(&noping, r * round + i).await?;
+            }
+            t_pool += start.elapsed().as_secs_f64();
         }
         paired.push((10 * round) as f64 / t_raw);
         one.push((10 * round) as f64 / t_jobq);
         one_noping.push((10 * round) as f64 / t_noping);
+        pool_paired.push((10 * round) as f64 / t_pool);
         db.reset().await?;
-        // Rounds alternating the raw UNNEST insert and enqueue_many, as for single
-        // enqueues: the ratio is taken under the same conditions.
+        // Rounds alternating the raw UNNEST insert, the raw COPY and enqueue_many, as for
+        // single enqueues: the ratios are taken under the same conditions.
         let round = (s.jobs / 10).max(1000);
-        let (mut t_raw, mut t_many, mut n) = (0.0, 0.0, 0);
+        let (mut t_raw, mut t_copy, mut t_many, mut n) = (0.0, 0.0, 0.0, 0);
         for _ in 0..10 {
             t_raw += round as f64 / raw::insert_batches(db, round, 1000).await?;
+            t_copy += round as f64 / raw::copy_batches(db, round, 1000).await?;
             let start = Instant::now();
             let mut k = 0;
             while k < round {
@@ -351,6 +366,9 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
             n += k;
         }
         many_paired.push(n as f64 / t_raw);
+        copy_paired.push(n as f64 / t_copy);
+        // Each repetition holds enqueue_many to the faster bulk path of that repetition.
+        best_paired.push(n as f64 / f64::min(t_raw, t_copy));
         many.push(n as f64 / t_many);
     }
     pool.close().await;
@@ -368,19 +386,40 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
     noping.close().await;
     r.jobq(
         "enqueue: one job per call on a pool with test_before_acquire(false)",
-        one_noping,
+        one_noping.clone(),
         Some("insert_one_paired"),
         vec![Target::ratio_at_least(0.9)],
+    );
+    r.ceiling(
+        "insert_one_pool_paired",
+        "ceiling, paired: the same INSERT through that pool (execute(&pool)), in the same rounds",
+        pool_paired,
+    );
+    r.jobq(
+        "enqueue on that pool, against the INSERT through it",
+        one_noping,
+        Some("insert_one_pool_paired"),
+        vec![],
     );
     r.ceiling(
         "insert_batch_paired",
         "ceiling, paired: INSERT … unnest, 1,000 rows per statement, in rounds alternating with enqueue_many",
         many_paired,
     );
+    r.ceiling(
+        "copy_batch_paired",
+        "ceiling, paired: COPY … FROM STDIN, 1,000 rows per statement, in the same rounds",
+        copy_paired,
+    );
+    r.ceiling(
+        "bulk_best_paired",
+        "ceiling, paired: the faster of UNNEST and COPY in each repetition",
+        best_paired,
+    );
     r.jobq(
         "enqueue_many: batches of 1,000 (1 client)",
         many,
-        Some("insert_batch_paired"),
+        Some("bulk_best_paired"),
         vec![
             Target::ratio_at_least(0.9),
             Target::at_least(100_000.0, "jobs/s"),
@@ -558,8 +597,7 @@ async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<usi
 
 async fn latency(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<()> {
     let poll = Duration::from_millis(50);
-    // The last flag: enqueued each in a transaction of its own (the runtime in this
-    // process routes their wake-ups) rather than on a pool.
+    // The last flag: enqueued each in a transaction of its own rather than on a pool.
     for (rate, listen, in_tx) in [
         (50.0, true, false),
         (500.0, true, false),
@@ -692,26 +730,15 @@ async fn notify_cost(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Resu
     let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool).await?;
     listener.listen("jobq_insert").await?;
     let drain = tokio::spawn(async move { while let Ok(Some(_)) = listener.try_recv().await {} });
-    // (in transactions, routed): on a pool; in transactions with a route, as in a process
-    // running a runtime or calling `route_wake_ups`; in transactions without one, where
-    // the insert notifies in the transaction.
-    for (in_tx, routed) in [(false, false), (true, true), (true, false)] {
+    // On a pool, and in a transaction each (BEGIN, enqueue, COMMIT).
+    for in_tx in [false, true] {
         for clients in [1usize, 4] {
             let (mut on, mut off) = (Samples::default(), Samples::default());
-            // One warm pool for every round, as an application has: a pool made per round
-            // opened the wake-up sender's extra connection inside the rounds with
-            // wake-ups, a cost no running application pays per enqueue. Pool enqueues
-            // keep their connection between calls, and their wake-ups are sent on one
-            // connection more. A client enqueueing in transactions goes through two
-            // connections (sqlx pings each as it is checked back in); a route sends on a
-            // connection of its own, outside the pool.
+            // One warm pool for every round, as an application has. A client enqueueing
+            // in transactions goes through two connections (sqlx pings each as it is
+            // checked back in).
             let connections = if in_tx { 2 * clients } else { clients + 1 };
             let pool = db.warm_pool(u32::try_from(connections)?).await?;
-            // Held through the rounds without wake-ups too, where it has nothing to do.
-            let route = match routed {
-                true => Some(jobq::route_wake_ups(&pool).await?),
-                false => None,
-            };
             for _ in 0..s.reps {
                 db.reset().await?;
                 // Commit latency drifts by 2x within a minute on a shared machine, more
@@ -729,12 +756,10 @@ async fn notify_cost(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Resu
                 off.push(n / t_off);
                 on.push(n / t_on);
             }
-            drop(route);
             pool.close().await;
-            let how = match (in_tx, routed) {
-                (false, _) => "on a pool",
-                (true, true) => "in a transaction each, routed",
-                (true, false) => "in a transaction each, no route",
+            let how = match in_tx {
+                false => "on a pool",
+                true => "in a transaction each",
             };
             let key = format!("notify_off_{clients}_{how}");
             r.ceiling(
@@ -742,18 +767,11 @@ async fn notify_cost(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Resu
                 &format!("notify: single enqueues {how}, wake-ups off ({clients} client(s))"),
                 off,
             );
-            // Without a route the wake-up rides in the transaction, which PostgreSQL
-            // commits under a cluster-wide lock: shown, not held to the target (see
-            // README, "Wake-ups").
-            let target = match in_tx && !routed {
-                true => vec![],
-                false => vec![Target::ratio_at_least(0.95)],
-            };
             r.jobq(
                 &format!("notify: single enqueues {how}, wake-ups on ({clients} client(s))"),
                 on,
                 Some(&key),
-                target,
+                vec![Target::ratio_at_least(0.95)],
             );
         }
     }

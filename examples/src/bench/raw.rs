@@ -37,11 +37,20 @@ pub(crate) async fn insert_one_by_one(
 }
 
 async fn insert_one(conn: &mut PgConnection, i: usize) -> anyhow::Result<()> {
+    insert_one_on(conn, i).await
+}
+
+/// The raw one-row INSERT on any executor: a held connection, or a pool (which checks a
+/// connection out and back in around it, as an enqueue on a pool does).
+pub(crate) async fn insert_one_on<'e>(
+    conn: impl sqlx::PgExecutor<'e>,
+    i: usize,
+) -> anyhow::Result<()> {
     sqlx::query("INSERT INTO jobq.jobs (kind, queue, payload) VALUES ($1, $2, $3::text::jsonb)")
         .bind(KIND)
         .bind("default")
         .bind(i.to_string())
-        .execute(&mut *conn)
+        .execute(conn)
         .await?;
     Ok(())
 }
@@ -64,6 +73,32 @@ pub(crate) async fn insert_batches(db: &BenchDb, n: usize, batch: usize) -> anyh
         .bind(&payloads)
         .execute(&mut conn)
         .await?;
+        done += batch;
+    }
+    let rate = done as f64 / start.elapsed().as_secs_f64();
+    conn.close().await?;
+    Ok(rate)
+}
+
+/// Batches of `batch` rows, one `COPY jobq.jobs FROM STDIN` (text format) each, from one
+/// client: the other bulk path a driver offers, beside the UNNEST insert.
+pub(crate) async fn copy_batches(db: &BenchDb, n: usize, batch: usize) -> anyhow::Result<f64> {
+    let mut conn = db.connect().await?;
+    let start = Instant::now();
+    let mut done = 0;
+    while done < n {
+        let mut data = String::with_capacity(batch * 24);
+        for i in done..done + batch {
+            data.push_str(KIND);
+            data.push_str("\tdefault\t");
+            data.push_str(&i.to_string());
+            data.push('\n');
+        }
+        let mut copy = conn
+            .copy_in_raw("COPY jobq.jobs (kind, queue, payload) FROM STDIN")
+            .await?;
+        copy.send(data.into_bytes()).await?;
+        copy.finish().await?;
         done += batch;
     }
     let rate = done as f64 / start.elapsed().as_secs_f64();
@@ -128,35 +163,3 @@ pub(crate) async fn drain(db: &BenchDb, clients: usize, batch: i64) -> anyhow::R
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }
-
-/// The runtime's claim statement as `store::job_claim` issues it (a copy, for timing it
-/// alone on the dirty table): `$1` queue, `$2` kinds, `$3` their leases, `$4` limit,
-/// `$5` worker.
-pub(crate) const RUNTIME_CLAIM: &str = r#"
-    WITH served AS (
-        SELECT * FROM unnest($2::text[], $3::float8[]) AS s(kind, lease)
-    ),
-    candidates AS MATERIALIZED (
-        SELECT c.id FROM served k
-        CROSS JOIN LATERAL (
-            SELECT j.id, j.priority, j.run_after FROM jobq.jobs j
-            WHERE j.state = 'pending' AND j.queue = $1 AND j.kind = k.kind
-              AND j.run_after <= now()
-            ORDER BY j.priority, j.run_after, j.id
-            LIMIT $4
-            FOR UPDATE SKIP LOCKED
-        ) c
-        WHERE NOT EXISTS (SELECT 1 FROM jobq.queues q WHERE q.name = $1 AND q.paused)
-        ORDER BY c.priority, c.run_after, c.id
-        LIMIT $4
-    )
-    UPDATE jobq.jobs j
-    SET state = 'running',
-        attempts = j.attempts + 1,
-        locked_until = now() + make_interval(secs => s.lease),
-        locked_by = $5,
-        started_at = now()
-    FROM candidates c, served s
-    WHERE j.id = c.id AND s.kind = j.kind
-    RETURNING j.id
-"#;

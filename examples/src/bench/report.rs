@@ -70,9 +70,15 @@ struct Row {
 pub(crate) struct Report {
     rows: Vec<Row>,
     ceilings: HashMap<String, f64>,
+    notes: Vec<String>,
 }
 
 impl Report {
+    /// A line printed under the table's title (how the server was configured).
+    pub(crate) fn note(&mut self, line: String) {
+        self.notes.push(line);
+    }
+
     /// A reference row others are compared with.
     pub(crate) fn ceiling(&mut self, key: &str, name: &str, samples: Samples) {
         self.ceilings.insert(key.to_owned(), samples.median());
@@ -135,6 +141,9 @@ impl Report {
         println!(
             "ratios are between medians of this run; WAL is server-wide (other clients of the server add to it)"
         );
+        for n in &self.notes {
+            println!("{n}");
+        }
         println!();
         println!("| figure | median | min–max | ratio | target | verdict |");
         println!("| --- | ---: | ---: | ---: | --- | --- |");
