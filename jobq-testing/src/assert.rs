@@ -11,7 +11,7 @@ use jobq::{Job, JobId};
 use sqlx::{Acquire, Postgres};
 
 use crate::error::Error;
-use crate::sql::{self, JobRow};
+use jobq::__testing::{self as sql, JobRow};
 
 /// How many jobs a failed assertion lists.
 const LISTED: usize = 10;
@@ -78,12 +78,12 @@ fn short(payload: &serde_json::Value) -> String {
 
 fn decode<J: Job>(row: JobRow) -> Result<EnqueuedJob<J::Args>, Error> {
     let args = serde_json::from_value(row.payload.clone()).map_err(|e| Error::Decode {
-        id: JobId(row.id),
+        id: row.id,
         kind: J::KIND.to_owned(),
         message: e.to_string(),
     })?;
     Ok(EnqueuedJob {
-        id: JobId(row.id),
+        id: row.id,
         queue: row.queue,
         priority: row.priority,
         state: row.state,

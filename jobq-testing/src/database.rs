@@ -10,7 +10,6 @@ use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use crate::drain::Drain;
 use crate::error::Error;
 use crate::resolve::resolve_database_url;
-use crate::sql;
 
 /// A database created for one test, migrated with `jobq::migrate`, dropped by
 /// [`close`](Self::close) — or, if the test panics first, when it is dropped.
@@ -81,7 +80,7 @@ impl TestDatabase {
             rand::random::<u32>()
         );
         let mut conn = PgConnection::connect_with(&admin).await?;
-        sql::database_create(&mut conn, &name).await?;
+        jobq::__testing::database_create(&mut conn, &name).await?;
         conn.close().await?;
         let options = admin.clone().database(&name);
         let db = TestDatabase {
@@ -151,7 +150,7 @@ impl TestDatabase {
             );
         }
         if let Ok(mut conn) = PgConnection::connect_with(&self.admin).await {
-            let _ = sql::database_drop(&mut conn, &self.name).await;
+            let _ = jobq::__testing::database_drop(&mut conn, &self.name).await;
             let _ = conn.close().await;
         }
         self.dropped = true;
@@ -176,7 +175,7 @@ impl Drop for TestDatabase {
             };
             rt.block_on(async {
                 if let Ok(mut conn) = PgConnection::connect_with(&admin).await {
-                    let _ = sql::database_drop(&mut conn, &name).await;
+                    let _ = jobq::__testing::database_drop(&mut conn, &name).await;
                     let _ = conn.close().await;
                 }
             });

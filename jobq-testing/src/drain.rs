@@ -9,7 +9,6 @@ use jobq::{DrainReport, DrainedAttempt, Job, JobId, Runtime, RuntimeBuilder};
 use sqlx::PgPool;
 
 use crate::error::Error;
-use crate::sql;
 
 /// Runs the jobs in a database synchronously, on the current task, through
 /// [`jobq::Runtime::drain`]: the runtime's own claim, execution path and fenced writes.
@@ -169,7 +168,7 @@ impl Drain {
         let kinds: Vec<String> = self.runtime(&[])?.kinds().map(str::to_owned).collect();
         let mut clock = match self.start {
             Some(t) => t,
-            None => sql::clock_now(&self.pool).await?,
+            None => jobq::__testing::clock_now(&self.pool).await?,
         };
         let mut drained = Drained {
             report: DrainReport::default(),
@@ -180,9 +179,9 @@ impl Drain {
             if self.start.is_none() && drained.rounds > 0 {
                 // Jobs the handlers enqueued are due by the database's clock, which may
                 // have passed ours.
-                clock = clock.max(sql::clock_now(&self.pool).await?);
+                clock = clock.max(jobq::__testing::clock_now(&self.pool).await?);
             }
-            let mut pending = sql::job_pending_queues(&self.pool, &kinds).await?;
+            let mut pending = jobq::__testing::job_pending_queues(&self.pool, &kinds).await?;
             if let Some(only) = &self.queues {
                 pending.retain(|p| only.contains(&p.queue));
             }
@@ -197,7 +196,8 @@ impl Drain {
             }
             let queues: Vec<String> = pending.into_iter().map(|p| p.queue).collect();
             if drained.rounds >= self.max_rounds {
-                let sample = sql::job_pending_sample(&self.pool, &kinds, &queues, 5).await?;
+                let sample =
+                    jobq::__testing::job_pending_sample(&self.pool, &kinds, &queues, 5).await?;
                 let pending = sample
                     .iter()
                     .map(|(id, kind)| format!("#{id} {kind}"))

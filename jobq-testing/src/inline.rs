@@ -8,7 +8,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use jobq::{AttemptOutcome, Disposition, Failure, Job, JobContext, JobId};
+use jobq::{AttemptOutcome, Failure, Job, JobContext, JobId, NextState};
 
 /// How one attempt ended, and what the runtime would do next.
 ///
@@ -437,25 +437,26 @@ fn classify<J: Job>(outcome: AttemptOutcome, attempt: u32, max_attempts: u32) ->
 }
 
 fn classify_failure<J: Job>(failure: Failure, attempt: u32, max_attempts: u32) -> Outcome {
-    let delay = failure.retry_delay(&J::RETRY, attempt);
+    let next = jobq::next_state(
+        attempt,
+        max_attempts,
+        &failure.class,
+        &J::RETRY,
+        rand::random::<f64>(),
+    );
     let Failure { class, message } = failure;
     let code = class.code.into_owned();
-    match class.disposition {
-        Disposition::Retryable if attempt < max_attempts => Outcome::Retry {
+    match next {
+        NextState::Retry { delay } => Outcome::Retry {
             code,
             message,
             delay,
         },
-        Disposition::Retryable => Outcome::Failed {
+        NextState::Failed { exhausted } => Outcome::Failed {
             code,
             message,
-            exhausted: true,
+            exhausted,
         },
-        Disposition::Permanent => Outcome::Failed {
-            code,
-            message,
-            exhausted: false,
-        },
-        Disposition::Cancel => Outcome::Cancelled { code, message },
+        NextState::Cancelled => Outcome::Cancelled { code, message },
     }
 }

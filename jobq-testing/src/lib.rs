@@ -123,7 +123,6 @@ mod drain;
 mod error;
 mod inline;
 mod resolve;
-mod sql;
 
 pub use assert::{
     EnqueuedJob, assert_enqueued, assert_enqueued_with, assert_not_enqueued,

@@ -8,7 +8,6 @@ use tokio::sync::OnceCell;
 
 use crate::cluster::{self, ClusterError};
 use crate::error::Error;
-use crate::sql;
 
 /// The server tests use when `DATABASE_URL` is not set.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -94,7 +93,7 @@ async fn probe(url: &str) -> Result<(), Probe> {
     let options = options.log_statements(tracing::log::LevelFilter::Off);
     let connect = async {
         let mut conn = PgConnection::connect_with(&options).await?;
-        sql::server_ping(&mut conn).await?;
+        jobq::__testing::server_ping(&mut conn).await?;
         conn.close().await
     };
     match tokio::time::timeout(PROBE_TIMEOUT, connect).await {

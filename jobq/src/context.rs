@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::job::JobId;
+use crate::ids::JobId;
 use crate::store;
 
 /// The context of one attempt: its job's identity, its attempt number, a cancellation
@@ -466,4 +466,31 @@ impl InTransaction for &mut Transaction<'_, Postgres> {
 mod sealed {
     pub trait Sealed {}
     impl Sealed for &mut sqlx::Transaction<'_, sqlx::Postgres> {}
+}
+
+/// A handler's `Ok` value, for the macro's dispatch.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct OutputOf<'a, T>(pub &'a T);
+
+/// Records a `Serialize` value (chosen first by method resolution when it applies).
+#[doc(hidden)]
+pub trait RecordSerialize {
+    fn __jobq_record(&self, ctx: &JobContext);
+}
+
+impl<T: serde::Serialize> RecordSerialize for OutputOf<'_, T> {
+    fn __jobq_record(&self, ctx: &JobContext) {
+        ctx.set_output(crate::output::encode(self.0));
+    }
+}
+
+/// Drops any other value, as before outputs were recorded.
+#[doc(hidden)]
+pub trait RecordOther {
+    fn __jobq_record(&self, ctx: &JobContext);
+}
+
+impl<T> RecordOther for &OutputOf<'_, T> {
+    fn __jobq_record(&self, _ctx: &JobContext) {}
 }

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -17,23 +17,15 @@ use tracing::Instrument;
 
 use crate::context::JobContext;
 use crate::error::{Classify, Error};
-use crate::pooled::{self, PoolEnqueue};
+use crate::notify::WAKE_UPS;
 use crate::retry::RetryPolicy;
 use crate::store;
 
-mod options;
-pub use options::{DecodeError, Replace, Unique, UniqueState, Upgrade, decode_as};
-
-/// The largest payload (serialized JSON) accepted by enqueue: 1 MiB.
-pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
-/// The longest kind name accepted.
-pub const MAX_KIND_LEN: usize = 200;
-/// The longest queue name accepted.
-pub const MAX_QUEUE_LEN: usize = 100;
-/// The longest idempotency key accepted.
-pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 500;
-/// The shortest lease a job type may have: heartbeats cannot keep a shorter one alive.
-pub const MIN_LEASE: Duration = Duration::from_millis(300);
+pub use crate::limits::{
+    MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN, MIN_LEASE,
+};
+pub use crate::options::{DecodeError, Replace, Unique, UniqueState, Upgrade, decode_as};
+pub use crate::rows::Enqueued;
 
 /// A job type: its kind, arguments, error, policies and handler.
 ///
@@ -245,39 +237,11 @@ pub trait Job: Send + Sync + 'static {
             Err(_) => tracing::Span::none(),
         };
         let conn = conn.into();
-        async move {
-            let jobs = prepared?;
-            let mut target = Target::open(conn, true).await?;
-            let (conn, how) = target.statement();
-            let (done, tx) = store::job_insert_many(conn, &jobs, how).await?;
-            let inserted = || jobs.iter().zip(&done).filter(|(_, e)| !e.duplicate);
-            for (job, _) in inserted() {
-                crate::metrics::enqueued(&job.kind, &job.queue, 1);
-            }
-            let due = inserted()
-                .filter(|(j, _)| j.due_now())
-                .map(|(j, _)| j.queue.as_str());
-            target.inserted(tx, due).await?;
-            Ok(done)
-        }
-        .instrument(span)
+        async move { insert(conn, &prepared?, true).await }.instrument(span)
     }
 }
 
 pub use crate::ids::JobId;
-
-/// The result of an enqueue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Enqueued {
-    /// The job's id: the new row's, or for a duplicate the existing row's.
-    pub id: JobId,
-    /// `true` when the idempotency key or the uniqueness rule matched an existing job and
-    /// nothing was inserted.
-    pub duplicate: bool,
-    /// `true` when a duplicate replaced the existing pending job's args or `run_after`
-    /// ([`Replace`], debounce); `false` otherwise, as for a duplicate of a running job.
-    pub replaced: bool,
-}
 
 /// An enqueue with options, from [`Job::with`].
 #[must_use = "an EnqueueBuilder does nothing until `.enqueue(conn)` is awaited"]
@@ -463,16 +427,8 @@ impl<J: Job> EnqueueBuilder<J> {
         };
         let conn = conn.into();
         async move {
-            let job = prepared?;
-            let mut target = Target::open(conn, wake).await?;
-            let (conn, how) = target.statement();
-            let (e, tx) = store::job_insert(conn, &job, how).await?;
-            if !e.duplicate {
-                crate::metrics::enqueued(&job.kind, &job.queue, 1);
-            }
-            let due = (!e.duplicate && job.due_now()).then_some(job.queue.as_str());
-            target.inserted(tx, due).await?;
-            Ok(e)
+            let mut done = insert(conn, std::slice::from_ref(&prepared?), wake).await?;
+            Ok(done.remove(0))
         }
         .instrument(span)
     }
@@ -609,104 +565,45 @@ impl<J: Job> EnqueueBuilder<J> {
     }
 }
 
-/// Where an enqueue's insert runs, and how its wake-up goes out.
-enum Target<'c> {
-    /// On a pool: the insert commits by itself, and the pool's wake-up task wakes its
-    /// queue after (see `pooled`); the connection is kept for the next enqueue.
-    Pool {
-        on_pool: PoolEnqueue<'c>,
-        held: PoolConnection<Postgres>,
-        wake: bool,
-    },
-    /// On the caller's connection, usually inside their transaction: the insert
-    /// notifies, or, if its database is among `routes`, returns its transaction for the
-    /// route to watch; or, without `wake`, does neither.
-    Caller {
-        conn: &'c mut PgConnection,
-        wake: bool,
-        routes: Vec<String>,
-    },
-}
-
-impl<'c> Target<'c> {
-    async fn open(conn: Conn<'c>, wake: bool) -> Result<Target<'c>, Error> {
-        Ok(match conn.0 {
-            ConnKind::Pool(pool) => {
-                let on_pool = PoolEnqueue::begin(pool);
-                let held = on_pool.connection().await?;
-                Target::Pool {
-                    on_pool,
-                    held,
-                    wake,
-                }
-            }
-            ConnKind::Connection(conn) => Target::Caller {
-                conn,
-                wake,
-                routes: if wake {
-                    pooled::routed_databases()
-                } else {
-                    Vec::new()
-                },
-            },
-        })
-    }
-
-    /// The connection for the insert statement, and how the statement wakes producers.
-    fn statement(&mut self) -> (&mut PgConnection, store::Wake<'_>) {
-        match self {
-            Target::Pool { held, .. } => (held, store::Wake::No),
-            Target::Caller { conn, wake, routes } => {
-                let how = match (*wake, routes.is_empty()) {
-                    (false, _) => store::Wake::No,
-                    (true, true) => store::Wake::InStatement,
-                    (true, false) => store::Wake::UnlessRouted(routes),
-                };
-                (conn, how)
-            }
+/// Inserts `jobs` through `conn` (a connection of the caller's pool, checked out for the
+/// statement, or the caller's own connection) and, if `wake`, wakes the queues of the due
+/// ones in the same statement, less those notified lately (see [`crate::notify`]).
+async fn insert(
+    conn: Conn<'_>,
+    jobs: &[store::NewJob],
+    wake: bool,
+) -> Result<Vec<Enqueued>, Error> {
+    let queues = if wake {
+        store::NewJob::due_queues(jobs)
+    } else {
+        Vec::new()
+    };
+    let recent = WAKE_UPS.recent(&queues, Instant::now());
+    let how = store::Wake {
+        queues: &queues,
+        recent: &recent,
+    };
+    let mut pooled;
+    let conn = match conn.0 {
+        ConnKind::Pool(pool) => {
+            pooled = pool.acquire().await?;
+            &mut *pooled
         }
+        ConnKind::Connection(conn) => conn,
+    };
+    let (done, db) = match jobs {
+        [job] => store::job_insert(conn, job, how)
+            .await
+            .map(|(e, db)| (vec![e], db))?,
+        _ => store::job_insert_many(conn, jobs, how).await?,
+    };
+    if let Some(db) = db {
+        WAKE_UPS.inserted(&queues, &recent, &db, Instant::now());
     }
-
-    /// After a successful insert of due jobs in `queues`, which returned its transaction
-    /// `tx` if its database was routed: wakes those queues as the statement did not.
-    async fn inserted<'q>(
-        self,
-        tx: Option<store::TxOf>,
-        queues: impl IntoIterator<Item = &'q str>,
-    ) -> Result<(), Error> {
-        match self {
-            Target::Pool {
-                on_pool,
-                held,
-                wake,
-            } => {
-                on_pool.keep(held);
-                if wake {
-                    on_pool.committed(queues);
-                }
-            }
-            Target::Caller { conn, .. } => {
-                // Without routes the statement notified (or was not asked to).
-                let Some(tx) = tx else {
-                    return Ok(());
-                };
-                let Some(xid) = tx.xid else {
-                    // Not routed: the statement notified.
-                    pooled::unrouted(&tx.database);
-                    return Ok(());
-                };
-                let queues: Vec<&str> = queues.into_iter().collect();
-                if !queues.is_empty()
-                    && !pooled::after_commit(&tx.database, xid, queues.iter().copied())
-                {
-                    // The route ended since the statement: notify in the transaction
-                    // after all.
-                    store::queues_notify(conn, &queues).await?;
-                }
-            }
-        }
-        Ok(())
+    for (job, _) in jobs.iter().zip(&done).filter(|(_, e)| !e.duplicate) {
+        crate::metrics::enqueued(&job.kind, &job.queue, 1);
     }
+    Ok(done)
 }
 
 /// Where a jobq statement runs: a pool (one statement, its own implicit transaction), or

@@ -59,15 +59,17 @@ mod error;
 mod flow;
 mod ids;
 mod job;
+mod limits;
 pub mod maintenance;
 pub mod metrics;
 mod migrate;
 mod notify;
+mod options;
 pub mod outbox;
 mod output;
-mod pooled;
 mod registry;
 mod retry;
+mod rows;
 mod runtime;
 pub mod stats;
 mod store;
@@ -292,12 +294,14 @@ pub use jobq_macros::Event;
 pub use migrate::{MIGRATIONS, Migration, migrate};
 pub use outbox::inbox;
 pub use output::MAX_OUTPUT_BYTES;
-pub use pooled::{WakeUpRoute, route_wake_ups};
 pub use registry::Failure;
 // Hooks for `jobq-testing` and the macros' output, not part of the interface users hold.
 #[doc(hidden)]
 pub use registry::{JobHandler, Registration, registered_jobs};
 pub use retry::{DEFAULT_MAX_ATTEMPTS, RetryPolicy};
+// The failed attempt's decision, shared by the runtime and `jobq-testing`'s inline runner.
+#[doc(hidden)]
+pub use retry::{NextState, next_state};
 pub use runtime::{
     AttemptOutcome, DEFAULT_CONCURRENCY, DEFAULT_PREFETCH, Runtime, RuntimeBuilder, RuntimeHandle,
     ShutdownReport,
@@ -305,6 +309,13 @@ pub use runtime::{
 // Test hooks `jobq-testing` builds on (`Runtime::drain`, one attempt outside the runtime).
 #[doc(hidden)]
 pub use runtime::{DrainReport, DrainedAttempt, run_attempt, run_attempt_versioned};
+
+/// The statements `jobq-testing` issues, kept with every other statement in `store`;
+/// not part of the public API.
+#[doc(hidden)]
+pub mod __testing {
+    pub use crate::store::testing::*;
+}
 
 /// What generated code needs; not part of the public API.
 ///
@@ -316,6 +327,7 @@ pub mod __private {
     use std::time::Duration;
 
     pub use crate::context::JobContext;
+    pub use crate::context::{OutputOf, RecordOther, RecordSerialize};
     pub use crate::error::{Classification, Classify, Disposition, Error};
     pub use crate::flow::limits::{KindLimits, Rate};
     pub use crate::job::{
@@ -324,7 +336,6 @@ pub mod __private {
     };
     pub use crate::maintenance::{Missed, Schedule};
     pub use crate::outbox::EventData;
-    pub use crate::output::{OutputOf, RecordOther, RecordSerialize};
     pub use crate::registry::Registration;
     pub use crate::retry::RetryPolicy;
     pub use async_trait;
@@ -333,6 +344,9 @@ pub mod __private {
     pub use serde_json;
     pub use sqlx;
     pub use std::string::String;
+
+    /// The runtime's claim statement, for the bench to time alone (not API).
+    pub const JOB_CLAIM_SQL: &str = crate::store::JOB_CLAIM_SQL;
 
     /// What a handler's first parameter may be: the attempt's [`JobContext`], by value.
     #[diagnostic::on_unimplemented(

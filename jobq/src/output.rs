@@ -3,8 +3,6 @@
 
 use serde::Serialize;
 
-use crate::context::JobContext;
-
 /// The largest recorded output, serialized: 64 KiB. A larger one fails the attempt
 /// permanently with code `output_too_large` (its effects happened: store large results
 /// elsewhere and return a reference).
@@ -37,31 +35,4 @@ pub(crate) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<String, Refused
         ));
     }
     Ok(text)
-}
-
-/// A handler's `Ok` value, for the macro's dispatch.
-#[doc(hidden)]
-#[derive(Debug)]
-pub struct OutputOf<'a, T>(pub &'a T);
-
-/// Records a `Serialize` value (chosen first by method resolution when it applies).
-#[doc(hidden)]
-pub trait RecordSerialize {
-    fn __jobq_record(&self, ctx: &JobContext);
-}
-
-impl<T: Serialize> RecordSerialize for OutputOf<'_, T> {
-    fn __jobq_record(&self, ctx: &JobContext) {
-        ctx.set_output(encode(self.0));
-    }
-}
-
-/// Drops any other value, as before outputs were recorded.
-#[doc(hidden)]
-pub trait RecordOther {
-    fn __jobq_record(&self, ctx: &JobContext);
-}
-
-impl<T> RecordOther for &OutputOf<'_, T> {
-    fn __jobq_record(&self, _ctx: &JobContext) {}
 }

@@ -92,7 +92,7 @@ impl<J: Job> ErasedJob for Typed<J> {
     }
     fn periodic(&self) -> Option<Result<crate::maintenance::Periodic, Error>> {
         let (schedule, args) = J::periodic()?;
-        Some(crate::maintenance::scheduler_entry::<J>(schedule, args))
+        Some(scheduler_entry::<J>(schedule, args))
     }
     fn run(
         &self,
@@ -257,4 +257,54 @@ impl Registry {
     pub(crate) fn is_empty(&self) -> bool {
         self.by_kind.is_empty()
     }
+}
+
+/// The schedule entry of `J` at `schedule` with `args`: named by the schedule or the kind;
+/// its slots copy the job `J::with(args)` would enqueue, less any uniqueness rule (a slot
+/// is unique by its own key).
+pub(crate) fn scheduler_entry<J: Job>(
+    schedule: crate::maintenance::Schedule,
+    args: J::Args,
+) -> Result<crate::maintenance::Periodic, Error> {
+    schedule.validate()?;
+    let mut template = crate::EnqueueBuilder::<J>::new(args).into_new_job()?;
+    template.time.unique_key = None;
+    template.time.replace = None;
+    template.idempotency_key = None;
+    let name = schedule.name().unwrap_or(J::KIND).to_owned();
+    crate::store::validate_name("kind", &name, crate::limits::MAX_KIND_LEN).map_err(|_| {
+        Error::invalid(
+            "invalid_schedule",
+            format!("schedule name `{name}` must be 1 to 200 bytes"),
+        )
+    })?;
+    Ok(crate::maintenance::Periodic {
+        name,
+        schedule,
+        template,
+    })
+}
+
+/// The schedules of a runtime: the registered kinds' own and the builder's, with no two
+/// of one name.
+pub(crate) fn scheduler_entries(
+    registry: &Registry,
+    explicit: Vec<Result<crate::maintenance::Periodic, Error>>,
+) -> Result<Vec<crate::maintenance::Periodic>, Error> {
+    let mut out: Vec<crate::maintenance::Periodic> = Vec::new();
+    for entry in registry
+        .handlers()
+        .filter_map(|h| h.periodic())
+        .chain(explicit)
+    {
+        let entry = entry?;
+        if out.iter().any(|p| p.name == entry.name) {
+            return Err(Error::Config(format!(
+                "two schedules are named `{}`; give each its own with `Schedule::named`",
+                entry.name
+            )));
+        }
+        out.push(entry);
+    }
+    Ok(out)
 }

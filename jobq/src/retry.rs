@@ -1,10 +1,13 @@
 //! Retry policies: how many attempts a job gets and how long it waits between them.
 //!
-//! Pure functions, no I/O. The runtime asks [`RetryPolicy::next_delay`] after a retryable
-//! failure and stores `run_after = now() + delay` using the database's clock; a
-//! Retry-After carried by the error replaces the delay.
+//! Pure functions, no I/O. [`next_state`] decides what a failed attempt leads to, for the
+//! runtime's executor and for `jobq-testing` alike; the runtime stores a retry's
+//! `run_after = now() + delay` using the database's clock. A Retry-After carried by the
+//! error replaces the policy's delay.
 
 use std::time::Duration;
+
+use crate::error::{Classification, Disposition};
 
 /// Attempts a job gets when its policy does not say (Sidekiq's and River's default).
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
@@ -210,6 +213,52 @@ impl RetryPolicy {
     }
 }
 
+/// What a failed attempt leads to, as [`next_state`] decides it.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextState {
+    /// Retryable with attempts left: the job runs again after `delay`.
+    Retry {
+        /// The error's Retry-After if it carries one, else the policy's backoff.
+        delay: Duration,
+    },
+    /// A terminal failure: `exhausted` when it was retryable but this was the last
+    /// allowed attempt, `false` for a permanent one.
+    Failed {
+        /// Retryable, but out of attempts.
+        exhausted: bool,
+    },
+    /// The job cancelled itself.
+    Cancelled,
+}
+
+/// The next state of a job whose attempt `attempt` (1-based) of `max_attempts` failed
+/// with `class`, under `policy`; `unit` is the jitter's uniform draw in `[0, 1)`.
+///
+/// The store still applies what only the database knows at write time: an operator's
+/// cancel request and the job's maximum age.
+#[doc(hidden)]
+pub fn next_state(
+    attempt: u32,
+    max_attempts: u32,
+    class: &Classification,
+    policy: &RetryPolicy,
+    unit: f64,
+) -> NextState {
+    match class.disposition {
+        Disposition::Cancel => NextState::Cancelled,
+        Disposition::Permanent => NextState::Failed { exhausted: false },
+        Disposition::Retryable if attempt >= max_attempts.max(1) => {
+            NextState::Failed { exhausted: true }
+        }
+        Disposition::Retryable => NextState::Retry {
+            delay: class
+                .retry_after
+                .unwrap_or_else(|| policy.delay_with(attempt, unit)),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,5 +296,53 @@ mod tests {
         assert_eq!(p.max_attempts(), 3);
         assert_eq!(RetryPolicy::none().max_attempts(), 1);
         assert_eq!(RetryPolicy::exponential(0).max_attempts(), 1);
+    }
+
+    #[test]
+    fn next_state_follows_the_disposition_and_the_attempts_left() {
+        let p = RetryPolicy::exponential(3);
+        let retry = Classification::retryable("flaky");
+        assert_eq!(
+            next_state(1, 3, &retry, &p, 0.0),
+            NextState::Retry {
+                delay: Duration::from_secs(1)
+            }
+        );
+        assert_eq!(
+            next_state(2, 3, &retry, &p, 0.0),
+            NextState::Retry {
+                delay: Duration::from_secs(2)
+            }
+        );
+        assert_eq!(
+            next_state(3, 3, &retry, &p, 0.0),
+            NextState::Failed { exhausted: true }
+        );
+        // An attempt past the budget (a lowered max_attempts) is exhausted too.
+        assert_eq!(
+            next_state(5, 3, &retry, &p, 0.0),
+            NextState::Failed { exhausted: true }
+        );
+        let mut after = Classification::retryable("rate_limited");
+        after.retry_after = Some(Duration::from_secs(42));
+        assert_eq!(
+            next_state(1, 3, &after, &p, 0.0),
+            NextState::Retry {
+                delay: Duration::from_secs(42)
+            }
+        );
+        assert_eq!(
+            next_state(1, 3, &Classification::permanent("bad"), &p, 0.0),
+            NextState::Failed { exhausted: false }
+        );
+        assert_eq!(
+            next_state(3, 3, &Classification::cancel("gone"), &p, 0.0),
+            NextState::Cancelled
+        );
+        // One attempt in all: the first failure is final.
+        assert_eq!(
+            next_state(1, 1, &retry, &RetryPolicy::none(), 0.0),
+            NextState::Failed { exhausted: true }
+        );
     }
 }

@@ -95,39 +95,3 @@ pub(crate) fn capture() -> Option<HashMap<String, String>> {
 /// Without the `otel` feature attempts start traces of their own.
 #[cfg(not(feature = "otel"))]
 pub(crate) fn continue_in(_span: &tracing::Span, _stored: Option<&str>) {}
-
-/// The trace id (32 hex digits) of a stored context's `traceparent`
-/// (`00-<trace id>-<span id>-<flags>`), if it has a well-formed one.
-pub(crate) fn trace_id(stored: &serde_json::Value) -> Option<String> {
-    let parent = stored.get("traceparent")?.as_str()?;
-    let mut parts = parent.split('-');
-    let (_version, id) = (parts.next()?, parts.next()?);
-    let valid = id.len() == 32
-        && id.bytes().all(|b| b.is_ascii_hexdigit())
-        && id.bytes().any(|b| b != b'0');
-    valid.then(|| id.to_ascii_lowercase())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::trace_id;
-
-    #[test]
-    fn reads_the_trace_id_of_a_traceparent() {
-        let stored = serde_json::json!({
-            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-        });
-        assert_eq!(
-            trace_id(&stored).as_deref(),
-            Some("4bf92f3577b34da6a3ce929d0e0e4736")
-        );
-        for bad in [
-            serde_json::json!({}),
-            serde_json::json!({"traceparent": "garbage"}),
-            serde_json::json!({"traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01"}),
-            serde_json::json!({"traceparent": 7}),
-        ] {
-            assert_eq!(trace_id(&bad), None, "{bad}");
-        }
-    }
-}

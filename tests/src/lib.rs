@@ -320,14 +320,9 @@ pub enum Insert {
     ManyKeyed,
 }
 
-/// Enqueues a job in a transaction on `pool` and waits (5 s at most) for its wake-up;
-/// returns the pid of the backend that sent it and that of the transaction's, equal when
-/// the wake-up was notified inside the transaction.
-pub async fn woken_in_transaction(pool: &sqlx::PgPool) -> anyhow::Result<(i32, i32)> {
-    woken_in_transaction_by(pool, Insert::One).await
-}
-
-/// [`woken_in_transaction`] through each insert statement.
+/// Enqueues jobs in a transaction on `pool` through `insert` and waits (5 s at most) for
+/// its wake-up; returns the pid of the backend that sent it and that of the
+/// transaction's, equal when the wake-up was notified inside the transaction.
 pub async fn woken_in_transaction_by(
     pool: &sqlx::PgPool,
     insert: Insert,
@@ -338,6 +333,8 @@ pub async fn woken_in_transaction_by(
         n: KEYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
     };
     let mut listener = listen_for_wake_ups(pool).await?;
+    // Past the cooldown of an enqueue just before (see `jobq::notify`).
+    tokio::time::sleep(Duration::from_millis(20)).await;
     let mut tx = pool.begin().await?;
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut *tx)

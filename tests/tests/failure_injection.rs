@@ -13,10 +13,7 @@ use std::time::{Duration, Instant};
 use jobq::Job;
 use jobq_testing::TestDatabase;
 use sqlx::PgPool;
-use tests::{
-    Chaos, ChaosArgs, eventually, install_invariant_checks, invariant_violations,
-    woken_in_transaction,
-};
+use tests::{Chaos, ChaosArgs, eventually, install_invariant_checks, invariant_violations};
 
 fn soak(name: &str, default: i64) -> i64 {
     std::env::var(name)
@@ -523,31 +520,5 @@ async fn the_database_restarts_mid_run() -> anyhow::Result<()> {
     h.verify("database-restart", jobs, 0, ", database down for 3 s")
         .await;
     h.db.close().await;
-    Ok(())
-}
-
-/// A route to a database whose server restarts keeps routing: the database's name changes
-/// with the restart (see `jobq::route_wake_ups`), the first transaction after it finds no
-/// route and notifies in itself, and the route asks again for its database.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wake_up_route_follows_its_database_through_a_restart() -> anyhow::Result<()> {
-    let cluster = jobq_testing::TempCluster::start().await?;
-    let db = TestDatabase::on_server(&cluster.url(), 4).await?;
-    let route = jobq::route_wake_ups(&db.new_pool(2).await?).await?;
-    let (from, tx) = woken_in_transaction(db.pool()).await?;
-    assert_ne!(from, tx, "routed before the restart");
-    cluster.stop().await?;
-    cluster.restart().await?;
-    let pool = db.pool().clone();
-    assert!(
-        eventually(Duration::from_secs(30), || {
-            let pool = pool.clone();
-            async move { matches!(woken_in_transaction(&pool).await, Ok((from, tx)) if from != tx) }
-        })
-        .await,
-        "never routed again after the restart ({route:?})"
-    );
-    drop(route);
-    db.close().await;
     Ok(())
 }

@@ -210,14 +210,15 @@ async fn pruner_deletes_by_policy_in_batches_with_effects_and_an_audit_row() -> 
     assert_eq!((dry.done, dry.failed, dry.cancelled), (2500, 18, 7));
     let report = pruner.run_once().await?;
     // Default rules: done in 3 batches (1000, 1000, 500), failed 1, cancelled 1; two
-    // per-kind overrides, 3 statements each.
+    // per-kind overrides, 3 statements each; one for the (empty) inbox.
     assert_eq!(
         report,
         PruneReport {
             done: 2500,
             failed: 18,
             cancelled: 7,
-            batches: 11
+            batches: 12,
+            inbox: 0
         }
     );
     let (jobs, effects, orphans): (i64, i64, i64) = sqlx::query_as(

@@ -281,25 +281,32 @@ async fn four_workers_and_twenty_kills_keep_every_key_in_order_and_poison_parks(
     Ok(())
 }
 
-/// Steps a `recorded_step` job ran, in order (this test process runs them, by drain).
-static RAN: std::sync::Mutex<Vec<(String, i64)>> = std::sync::Mutex::new(Vec::new());
+/// Steps the `recorded_*` jobs ran, in order: the handlers' state, given to the drain.
+#[derive(Clone, Default)]
+struct Ran(std::sync::Arc<std::sync::Mutex<Vec<(String, i64)>>>);
+
+impl Ran {
+    fn push(ctx: &jobq::JobContext, step: (String, i64)) -> Result<(), JobError> {
+        let ran = ctx
+            .state::<Ran>()
+            .ok_or_else(|| JobError::permanent("no_state", "the drain gives no Ran"))?;
+        ran.0.lock().unwrap().push(step);
+        Ok(())
+    }
+}
 
 #[jobq::job(kind = "recorded_step", ordering = key, ordering_scope = "recorded", retry = "none")]
-async fn recorded_step(args: StepArgs) -> Result<(), JobError> {
+async fn recorded_step(ctx: jobq::JobContext, args: StepArgs) -> Result<(), JobError> {
     if args.seq < 0 {
         return Err(JobError::permanent("poison", "negative step"));
     }
-    RAN.lock().unwrap().push((args.key, args.seq));
-    Ok(())
+    Ran::push(&ctx, (args.key, args.seq))
 }
 
 /// The same scope from a second kind: one line with `recorded_step`'s jobs.
 #[jobq::job(kind = "recorded_other", ordering = key, ordering_scope = "recorded")]
-async fn recorded_other(args: StepArgs) -> Result<(), JobError> {
-    RAN.lock()
-        .unwrap()
-        .push((format!("other:{}", args.key), args.seq));
-    Ok(())
+async fn recorded_other(ctx: jobq::JobContext, args: StepArgs) -> Result<(), JobError> {
+    Ran::push(&ctx, (format!("other:{}", args.key), args.seq))
 }
 
 #[tokio::test]
@@ -335,9 +342,10 @@ async fn the_builder_sets_the_key_a_scope_spans_kinds_and_a_test_drain_keeps_the
             .await?;
     assert_eq!((scope.as_str(), key.as_str()), ("recorded", "a"));
 
-    let report = db.drain().run().await?;
+    let ran = Ran::default();
+    let report = db.drain().state(ran.clone()).run().await?;
     assert_eq!(report.done(), 4);
-    let ran = RAN.lock().unwrap().clone();
+    let ran = ran.0.lock().unwrap().clone();
     let of_a: Vec<&(String, i64)> = ran.iter().filter(|r| r.0 != "b").collect();
     assert_eq!(
         of_a,

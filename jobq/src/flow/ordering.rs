@@ -17,8 +17,17 @@
 use sqlx::PgPool;
 
 use crate::error::Error;
-use crate::maintenance::SweepReport;
 use crate::store;
+
+/// What one sweeper pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SweepReport {
+    /// Finished jobs that still had a job of their key waiting behind them.
+    pub stale: u64,
+    /// Jobs that became claimable.
+    pub released: u64,
+}
 
 /// Settles up to `limit` keys whose waiting job waits behind a job that is no longer in
 /// the chain (finished, cancelled, skipped or pruned).

@@ -17,8 +17,8 @@ pub(crate) use promoter::promote_all;
 pub use promoter::{PromoteReport, Promoter, PromoterConfig};
 pub use pruner::{PRUNER_LOCK, PruneReport, Pruner, PrunerConfig, Retention};
 pub use reaper::{Reaper, ReaperConfig};
+pub(crate) use scheduler::Periodic;
 pub use scheduler::{Missed, Schedule, Scheduler, SchedulerConfig, SchedulerReport};
-pub(crate) use scheduler::{Periodic, scheduler_entries, scheduler_entry};
 pub use sweeper::{SweepReport, Sweeper, SweeperConfig};
 #[allow(deprecated)]
 pub use workers::{WorkerHeartbeat, WorkerHeartbeatConfig};

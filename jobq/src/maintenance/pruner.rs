@@ -6,7 +6,9 @@
 //! its own [`Retention`]. A job's effect-ledger rows are deleted with the job and never
 //! before, so an effect key outlives every possible replay of its job. Each statement
 //! deletes at most [`PrunerConfig::batch`] rows (`FOR UPDATE SKIP LOCKED`), so pruning
-//! never holds long locks or blocks workers. Only the leader (an advisory lock on a
+//! never holds long locks or blocks workers. Inbox rows go after
+//! [`PrunerConfig::inbox_after`] (default 30 days), in batches too; each aggregate's last
+//! applied version is kept, so stale deliveries are still rejected. Only the leader (an advisory lock on a
 //! dedicated connection, see [`Leader`](super::Leader)) prunes; when it dies, another
 //! node takes over at its next interval.
 
@@ -66,6 +68,12 @@ pub struct PrunerConfig {
     pub batch: i64,
     /// The actor written to the pass's audit row (default `pruner`).
     pub actor: String,
+    /// Inbox rows (`jobq.inbox`, one per event a consumer applied) are deleted this long
+    /// after they were applied (default 30 days). A redelivery of a deleted event is no
+    /// longer recognised by its id; a versioned one is still rejected as stale, since the
+    /// last applied version of each aggregate (`jobq.inbox_aggregates`) is kept. Keep it
+    /// longer than any broker redelivers or replays.
+    pub inbox_after: Duration,
 }
 
 impl Default for PrunerConfig {
@@ -79,6 +87,7 @@ impl Default for PrunerConfig {
             per_kind: HashMap::new(),
             batch: 1000,
             actor: "pruner".to_owned(),
+            inbox_after: DAY * 30,
         }
     }
 }
@@ -94,6 +103,8 @@ pub struct PruneReport {
     pub cancelled: u64,
     /// Delete statements run.
     pub batches: u64,
+    /// Inbox rows (not jobs; not in [`total`](Self::total)).
+    pub inbox: u64,
 }
 
 impl PruneReport {
@@ -214,6 +225,15 @@ impl Pruner {
                 }
             }
         }
+        let inbox_before = inbox_cutoff(now, self.config.inbox_after);
+        loop {
+            let n = store::inbox_prune_batch(&self.pool, inbox_before, batch).await?;
+            report.batches += 1;
+            report.inbox += n;
+            if n < u64::try_from(batch).unwrap_or(u64::MAX) {
+                break;
+            }
+        }
         Ok(report)
     }
 
@@ -231,6 +251,8 @@ impl Pruner {
             let n = store::job_prune_count(&mut conn, &params(&rule, now, &except)).await?;
             add(&mut report, rule.state, n);
         }
+        let inbox_before = inbox_cutoff(now, self.config.inbox_after);
+        report.inbox = store::inbox_prune_count(&mut conn, inbox_before).await?;
         Ok(report)
     }
 
@@ -248,8 +270,13 @@ impl Pruner {
                     done = r.done,
                     failed = r.failed,
                     cancelled = r.cancelled,
+                    inbox = r.inbox,
                     batches = r.batches,
                     "pruner deleted jobs past their retention"
+                ),
+                Ok(r) if r.inbox > 0 => info!(
+                    inbox = r.inbox,
+                    "pruner deleted inbox rows past their retention"
                 ),
                 Ok(_) => {}
                 Err(e) => warn!(error = %e, "pruner pass failed"),
@@ -273,6 +300,11 @@ fn params<'a>(rule: &Rule<'a>, now: DateTime<Utc>, except: &'a [String]) -> Prun
         kind: rule.kind,
         except_kinds: except,
     }
+}
+
+/// Inbox rows applied before this instant are due.
+fn inbox_cutoff(now: DateTime<Utc>, after: Duration) -> DateTime<Utc> {
+    now - chrono::Duration::from_std(after).unwrap_or(chrono::Duration::MAX)
 }
 
 fn add(report: &mut PruneReport, state: &str, n: u64) {

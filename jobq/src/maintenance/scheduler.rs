@@ -492,7 +492,12 @@ impl Scheduler {
                 job
             })
             .collect();
-        let (done, _) = store::job_insert_many(&mut tx, &jobs, store::Wake::InStatement).await?;
+        let queues = NewJob::due_queues(&jobs);
+        let wake = store::Wake {
+            queues: &queues,
+            recent: &[],
+        };
+        let (done, _) = store::job_insert_many(&mut tx, &jobs, wake).await?;
         let mut enqueued = Vec::new();
         for (slot, e) in slots.iter().zip(&done) {
             if !e.duplicate {
@@ -523,56 +528,6 @@ impl Scheduler {
         })
         .await;
     }
-}
-
-/// The schedule entry of `J` at `schedule` with `args`: named by the schedule or the kind;
-/// its slots copy the job `J::with(args)` would enqueue, less any uniqueness rule (a slot
-/// is unique by its own key).
-pub(crate) fn scheduler_entry<J: crate::Job>(
-    schedule: Schedule,
-    args: J::Args,
-) -> Result<Periodic, Error> {
-    schedule.validate()?;
-    let mut template = crate::EnqueueBuilder::<J>::new(args).into_new_job()?;
-    template.time.unique_key = None;
-    template.time.replace = None;
-    template.idempotency_key = None;
-    let name = schedule.name.clone().unwrap_or_else(|| J::KIND.to_owned());
-    store::validate_name("kind", &name, crate::MAX_KIND_LEN).map_err(|_| {
-        Error::invalid(
-            "invalid_schedule",
-            format!("schedule name `{name}` must be 1 to 200 bytes"),
-        )
-    })?;
-    Ok(Periodic {
-        name,
-        schedule,
-        template,
-    })
-}
-
-/// The schedules of a runtime: the registered kinds' own and the builder's, with no two
-/// of one name.
-pub(crate) fn scheduler_entries(
-    registry: &crate::registry::Registry,
-    explicit: Vec<Result<Periodic, Error>>,
-) -> Result<Vec<Periodic>, Error> {
-    let mut out: Vec<Periodic> = Vec::new();
-    for entry in registry
-        .handlers()
-        .filter_map(|h| h.periodic())
-        .chain(explicit)
-    {
-        let entry = entry?;
-        if out.iter().any(|p| p.name == entry.name) {
-            return Err(Error::Config(format!(
-                "two schedules are named `{}`; give each its own with `Schedule::named`",
-                entry.name
-            )));
-        }
-        out.push(entry);
-    }
-    Ok(out)
 }
 
 /// The idempotency key of a schedule's slot.

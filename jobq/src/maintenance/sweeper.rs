@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::error::Error;
+pub use crate::flow::ordering::SweepReport;
 
 /// The sweeper's settings.
 #[derive(Debug, Clone)]
@@ -30,16 +31,6 @@ impl Default for SweeperConfig {
             batch: 1000,
         }
     }
-}
-
-/// What one sweeper pass did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SweepReport {
-    /// Finished jobs that still had a job of their key waiting behind them.
-    pub stale: u64,
-    /// Jobs that became claimable.
-    pub released: u64,
 }
 
 /// Releases ordered jobs left waiting behind finished ones.

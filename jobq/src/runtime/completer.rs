@@ -12,7 +12,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, error, warn};
 
-use super::spares::{LINGER, Spares};
 use crate::error::{Disposition, Error};
 use crate::store::{self, FailParams, FenceResult};
 
@@ -34,7 +33,8 @@ pub(crate) enum Write {
         disposition: Disposition,
         code: String,
         message: String,
-        delay: Duration,
+        /// When the job runs again (`retry::next_state`); `None`: it does not.
+        retry_in: Option<Duration>,
     },
     HandBack {
         id: i64,
@@ -86,7 +86,7 @@ pub(crate) async fn write_one(
             disposition,
             code,
             message,
-            delay,
+            retry_in,
         } => {
             let state = store::job_fail(
                 conn,
@@ -96,7 +96,7 @@ pub(crate) async fn write_one(
                     disposition: *disposition,
                     code,
                     message,
-                    delay_secs: delay.as_secs_f64(),
+                    retry_in_secs: retry_in.map(|d| d.as_secs_f64()),
                     now,
                 },
             )
@@ -196,7 +196,6 @@ const OVERLAP_MIN: usize = 32;
 /// wait (PostgreSQL commits them together), and whatever queues while they run goes in
 /// the next one. Returns when every sender is gone and every flush has finished.
 async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
-    let conns = Spares::new(pool);
     let mut batch: Vec<Request> = Vec::with_capacity(64);
     let mut flushes = JoinSet::new();
     let mut open = true;
@@ -211,28 +210,13 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
         if !batch.is_empty()
             && (flushes.is_empty() || (room && (batch.len() >= OVERLAP_MIN || !open)))
         {
-            let conns = conns.clone();
+            let pool = pool.clone();
             let batch = std::mem::take(&mut batch);
-            flushes.spawn(async move { flush(&conns, batch).await });
+            flushes.spawn(async move { flush(&pool, batch).await });
             continue;
         }
         if !open && batch.is_empty() && flushes.is_empty() {
             return;
-        }
-        if open && batch.is_empty() && flushes.is_empty() {
-            // Idle: keep the connections only for a short while.
-            match tokio::time::timeout(LINGER, rx.recv()).await {
-                Ok(Some(r)) => batch.push(r),
-                Ok(None) => open = false,
-                Err(_) => {
-                    conns.release();
-                    match rx.recv().await {
-                        Some(r) => batch.push(r),
-                        None => open = false,
-                    }
-                }
-            }
-            continue;
         }
         tokio::select! {
             r = rx.recv(), if open && batch.len() < MAX_BATCH => match r {
@@ -248,7 +232,7 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
     }
 }
 
-async fn flush(conns: &Spares, mut batch: Vec<Request>) {
+async fn flush(pool: &PgPool, mut batch: Vec<Request>) {
     let (completes, others): (Vec<Request>, Vec<Request>) = batch
         .drain(..)
         .partition(|r| matches!(r.write, Write::Complete { .. }));
@@ -262,10 +246,8 @@ async fn flush(conns: &Spares, mut batch: Vec<Request>) {
             })
             .collect();
         let results = with_retry("complete", || async {
-            let mut conn = conns.take().await?;
-            let results = store::job_complete_unsettled(&mut conn, &fences, &outputs, None).await?;
-            conns.keep(conn);
-            Ok(results)
+            let mut conn = pool.acquire().await?;
+            store::job_complete_unsettled(&mut conn, &fences, &outputs, None).await
         })
         .await;
         match results {
@@ -283,10 +265,8 @@ async fn flush(conns: &Spares, mut batch: Vec<Request>) {
                 // have their acks: a settle that fails is left to the sweeper.
                 if !ordered.is_empty() {
                     let settled = async {
-                        let mut conn = conns.take().await?;
-                        store::ordering_settle(&mut conn, &ordered).await?;
-                        conns.keep(conn);
-                        Ok::<_, Error>(())
+                        let mut conn = pool.acquire().await?;
+                        store::ordering_settle(&mut conn, &ordered).await
                     };
                     if let Err(e) = settled.await {
                         warn!(error = %e, jobs = ordered.len(), "releasing the next jobs of ordering keys failed; the sweeper will");
@@ -298,10 +278,8 @@ async fn flush(conns: &Spares, mut batch: Vec<Request>) {
     }
     for req in others {
         let result = with_retry("fail", || async {
-            let mut conn = conns.take().await?;
-            let written = write_one(&mut conn, &req.write, None).await?;
-            conns.keep(conn);
-            Ok(written)
+            let mut conn = pool.acquire().await?;
+            write_one(&mut conn, &req.write, None).await
         })
         .await;
         if let Some(written) = result {

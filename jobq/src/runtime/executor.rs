@@ -233,7 +233,7 @@ pub(crate) async fn run_claimed(
                 disposition: crate::error::Disposition::Permanent,
                 code: "unknown_kind".to_owned(),
                 message: format!("no handler for kind `{}` in this worker", job.kind),
-                delay: Duration::ZERO,
+                retry_in: None,
             };
             drop(held.take());
             env.completer.write(write).await;
@@ -417,22 +417,32 @@ pub(crate) fn outcome_write(
     match outcome {
         AttemptOutcome::Done => Some(Write::Complete { id, fence, output }),
         AttemptOutcome::Failed(f) => {
-            let delay = f.retry_delay(&handler.retry(), u32::try_from(job.attempt).unwrap_or(1));
-            match f.class.disposition {
-                crate::error::Disposition::Retryable => {
+            let attempt = u32::try_from(job.attempt).unwrap_or(1);
+            let max_attempts = u32::try_from(job.max_attempts).unwrap_or(1);
+            let next = crate::retry::next_state(
+                attempt,
+                max_attempts,
+                &f.class,
+                &handler.retry(),
+                rand::random::<f64>(),
+            );
+            let retry_in = match next {
+                crate::retry::NextState::Retry { delay } => {
                     tracing::info!(code = %f.class.code, error = %f.message, "attempt failed (retryable)");
+                    Some(delay)
                 }
                 _ => {
-                    tracing::warn!(code = %f.class.code, error = %f.message, "attempt failed ({})", f.class.disposition.as_str())
+                    tracing::warn!(code = %f.class.code, error = %f.message, "attempt failed ({})", f.class.disposition.as_str());
+                    None
                 }
-            }
+            };
             Some(Write::Fail {
                 id,
                 fence,
                 disposition: f.class.disposition,
                 code: f.class.code.to_string(),
                 message: f.message.clone(),
-                delay,
+                retry_in,
             })
         }
         AttemptOutcome::LeaseLost => None,

@@ -8,7 +8,6 @@ mod completer;
 mod executor;
 mod lease;
 mod producer;
-mod spares;
 
 pub use executor::{AttemptOutcome, run_attempt, run_attempt_versioned};
 
@@ -78,7 +77,7 @@ impl RuntimeBuilder {
     pub fn periodic<J: Job>(mut self, schedule: Schedule, args: J::Args) -> Self {
         self.handlers.push(JobHandler::of::<J>());
         self.periodic
-            .push(crate::maintenance::scheduler_entry::<J>(schedule, args));
+            .push(crate::registry::scheduler_entry::<J>(schedule, args));
         self
     }
 
@@ -199,9 +198,7 @@ impl RuntimeBuilder {
     }
 
     /// Whether to LISTEN for enqueue notifications (default `true`); without it, jobs are
-    /// found by polling only. While it listens, the runtime also routes the wake-ups of
-    /// this process's enqueues in transactions on its pool's database (see
-    /// [`route_wake_ups`](crate::route_wake_ups)).
+    /// found by polling only.
     pub fn listen(mut self, yes: bool) -> Self {
         self.listen = yes;
         self
@@ -287,7 +284,7 @@ impl RuntimeBuilder {
             &self.pool,
             queues.len() + OWN_SERVICE_CONNECTIONS + self.relays.len(),
         );
-        let periodic = crate::maintenance::scheduler_entries(&registry, self.periodic)?;
+        let periodic = crate::registry::scheduler_entries(&registry, self.periodic)?;
         let scheduler = Scheduler::new(
             own.clone(),
             self.scheduler.clone().unwrap_or_default(),
@@ -350,7 +347,9 @@ const OWN_SESSION_TIMEOUT: &str = "30s";
 /// holds, leaks, or leaves idle in a transaction (sqlx's pool serves waiters first come,
 /// first served, and its `begin` is not cancel-safe: launchbadge/sqlx#4393). Its sessions
 /// set `idle_in_transaction_session_timeout` and `statement_timeout`. No idle timeout or
-/// lifetime, so no maintenance task is spawned and `build` needs no tokio runtime.
+/// lifetime, so no maintenance task is spawned and `build` needs no tokio runtime; no
+/// test before a check-out, which would cost a round trip per statement (a broken
+/// connection fails its statement, which is retried).
 fn own_pool(app: &PgPool, size: usize) -> PgPool {
     let options = (*app.connect_options()).clone().options([
         ("idle_in_transaction_session_timeout", OWN_SESSION_TIMEOUT),
@@ -362,6 +361,7 @@ fn own_pool(app: &PgPool, size: usize) -> PgPool {
         .idle_timeout(None)
         .max_lifetime(None)
         .acquire_timeout(Duration::from_secs(30))
+        .test_before_acquire(false)
         .connect_lazy_with(options)
 }
 
@@ -660,9 +660,7 @@ pub struct DrainedAttempt {
 
 /// How many rounds of all its slots a runtime's finished attempts may wait for their
 /// outcomes to commit while the slots are already reused (see `Completer::has_room`).
-/// One round kept a small runtime's claiming and committing in lockstep; at four, a
-/// runtime of 16 slots drained half as fast again and four processes of 16 nearly twice
-/// as fast (bench, drain and scale-out). A crash re-runs at most that many finished
+/// One round would keep a small runtime's claiming and committing in lockstep. A crash re-runs at most that many finished
 /// attempts whose outcomes had not committed, after their leases expire.
 const BACKLOG_ROUNDS: usize = 4;
 

@@ -19,9 +19,9 @@ use super::executor::{
     run_claimed,
 };
 use super::lease::RunningSet;
-use super::spares::{LINGER, Spares};
 use super::{Config, DrainReport, DrainedAttempt};
 use crate::error::Error;
+use crate::notify::TRAIL;
 use crate::store::{ClaimParams, ClaimedJob};
 
 pub(crate) struct Producer {
@@ -45,37 +45,21 @@ impl Producer {
         let finished = Arc::new(AtomicU64::new(0));
         let mut ahead = Ahead::new(self.prefetch);
         let mut line = None;
-        let conn = Spares::new(self.config.own.clone());
         let mut backoff = Duration::from_millis(100);
         // Whether the last claim came back full: the queue has more due jobs than slots.
         let mut busy = false;
+        // The wait before the next trailing claim (see `notify::TRAIL`), once the queue
+        // runs dry after claims that found jobs.
+        let mut trail = None;
         loop {
             let capacity = self.concurrency
                 + ahead.resize(&held, finished.load(Ordering::Relaxed), Instant::now());
-            let first = match held.clone().try_acquire_owned() {
-                Ok(p) => p,
-                Err(_) => {
-                    // The queue holds all it may: keep the connection only for a short
-                    // wait.
-                    let waited = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        p = tokio::time::timeout(LINGER, held.clone().acquire_owned()) => p,
-                    };
-                    let p = match waited {
-                        Ok(p) => p,
-                        Err(_) => {
-                            conn.release();
-                            tokio::select! {
-                                _ = stop.cancelled() => return,
-                                p = held.clone().acquire_owned() => p,
-                            }
-                        }
-                    };
-                    match p {
-                        Ok(p) => p,
-                        Err(_) => return,
-                    }
-                }
+            let first = tokio::select! {
+                _ = stop.cancelled() => return,
+                p = held.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
             };
             let mut permits = vec![first];
             while let Ok(p) = held.clone().try_acquire_owned() {
@@ -86,7 +70,7 @@ impl Producer {
             }
             let want = permits.len();
             let sent = Instant::now();
-            let claimed = claim(&self.config, &conn, &self.queue, want, None).await;
+            let claimed = claim(&self.config, &self.queue, want, None).await;
             let (jobs, retry_in) = match claimed {
                 Ok(c) => {
                     backoff = Duration::from_millis(100);
@@ -105,6 +89,9 @@ impl Producer {
             };
             let got = jobs.len();
             busy = got == want;
+            if got > 0 {
+                trail = Some(TRAIL.0);
+            }
             for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
                 let env = AttemptEnv {
                     config: self.config.clone(),
@@ -119,7 +106,6 @@ impl Producer {
             }
             drop(permits);
             if got == 0 {
-                conn.release();
                 // The queue has no more due jobs: wait for a wake-up or the next poll.
                 // (A short claim is not enough to go idle: with other workers claiming
                 // from the same queue, SKIP LOCKED returns fewer rows than asked while
@@ -128,12 +114,16 @@ impl Producer {
                 // Jobs held back by a limit are looked at again when it may let them
                 // go (a bucket's next token, a concurrency recheck), at least
                 // MIN_LIMIT_WAIT later so tokens are claimed a few at a time.
-                let wait = retry_in.map_or(self.config.poll_interval, |d| {
+                let mut wait = retry_in.map_or(self.config.poll_interval, |d| {
                     d.clamp(
                         MIN_LIMIT_WAIT,
                         self.config.poll_interval.max(MIN_LIMIT_WAIT),
                     )
                 });
+                if let Some(t) = trail {
+                    wait = wait.min(t);
+                    trail = Some(t * 2).filter(|next| *next <= TRAIL.1);
+                }
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = self.wake.notified() => {}
@@ -160,9 +150,8 @@ const PACE_SAMPLE: Duration = Duration::from_millis(10);
 /// How many jobs a producer claims ahead of its free slots.
 ///
 /// A process with few slots claims in small batches: every claim and every completion
-/// flush is a statement and a commit for a handful of jobs, so four processes of 16
-/// slots drained at 58 % of the rate of one of 64 (bench, scale-out). Claiming ahead
-/// keeps batches large. The jobs claimed ahead wait in this process for a slot, their
+/// flush is a statement and a commit for a handful of jobs. Claiming ahead keeps
+/// batches large. The jobs claimed ahead wait in this process for a slot, their
 /// leases kept alive by the heartbeat like those of running attempts, and a graceful
 /// shutdown hands them back at once without counting an attempt.
 ///
@@ -253,16 +242,14 @@ async fn gather(held: &Arc<Semaphore>, permits: &mut Vec<OwnedSemaphorePermit>, 
     }
 }
 
-/// Claims on a connection from `conn` within the limits in force (read again when older
-/// than the poll interval), keeping the connection there if the claim succeeded.
+/// Claims within the limits in force (read again when older than the poll interval).
 async fn claim(
     config: &Config,
-    conn: &Spares,
     queue: &str,
     limit: usize,
     now: Option<DateTime<Utc>>,
 ) -> Result<crate::flow::limits::Claimed, Error> {
-    let mut held = conn.take().await?;
+    let mut held = config.own.acquire().await?;
     let limits = config.limits.get(&mut held, now).await?;
     let jobs = crate::flow::limits::claim(
         &mut held,
@@ -278,7 +265,6 @@ async fn claim(
         config.poll_interval,
     )
     .await?;
-    conn.keep(held);
     Ok(jobs)
 }
 
@@ -292,7 +278,6 @@ pub(crate) async fn drain(
     now: Option<DateTime<Utc>>,
 ) -> Result<DrainReport, Error> {
     let mut report = DrainReport::default();
-    let conn = Spares::new(config.own.clone());
     loop {
         if report.attempts.len() >= MAX_DRAIN_ATTEMPTS {
             warn!(
@@ -303,17 +288,14 @@ pub(crate) async fn drain(
         }
         // Scheduled jobs due by the drain's clock become pending first, as the promoter
         // would make them.
-        let mut held = conn.take().await?;
+        let mut held = config.own.acquire().await?;
         crate::maintenance::promote_all(&mut held, 1000, now).await?;
-        conn.keep(held);
+        drop(held);
         let mut ran = 0;
         for queue in config.queues.keys() {
             // One at a time: this task is a single slot, and a claimed job's lease starts
             // at the claim, so claiming ahead would age leases of jobs not yet started.
-            let claimed = claim(config, &conn, queue, 1, now).await?.jobs;
-            // The attempt writes its outcome on a connection of its own: on a pool of
-            // one, a kept one would leave it none.
-            conn.release();
+            let claimed = claim(config, queue, 1, now).await?.jobs;
             for job in claimed {
                 ran += 1;
                 report.attempts.push(drain_one(config, job, now).await?);

@@ -3,18 +3,18 @@
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
-use super::{ERROR_HISTORY_LEN, NewJob, TxOf, Wake, truncate_message};
+use super::{Db, ERROR_HISTORY_LEN, NewJob, Wake, truncate_message};
 use crate::error::{Disposition, Error};
-use crate::job::{Enqueued, JobId};
+use crate::ids::JobId;
+use crate::rows::Enqueued;
 
-/// Inserts one job, absorbing a duplicate idempotency key, and wakes its queue's
-/// producers as `wake` says; returns the statement's transaction when the job was
-/// inserted and routes were given (see [`Wake::UnlessRouted`]).
+/// Inserts one job, absorbing a duplicate idempotency key, and wakes producers as `wake`
+/// says if it inserted; returns the database it ran in (see [`Db`]).
 pub(crate) async fn job_insert(
     conn: &mut PgConnection,
     job: &NewJob,
     wake: Wake<'_>,
-) -> Result<(Enqueued, Option<TxOf>), Error> {
+) -> Result<(Enqueued, Db), Error> {
     if job.ordering.is_some() {
         let (mut e, tx) = super::job_insert_ordered(conn, std::slice::from_ref(job), wake).await?;
         return Ok((e.remove(0), tx));
@@ -37,21 +37,16 @@ pub(crate) async fn job_insert(
             r#"
             FROM (SELECT coalesce($6, now() + make_interval(secs => coalesce($7, 0))) AS at) t
             ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-            RETURNING id, run_after
-        ),
-        "#,
-            here_sql!("$10"),
-            r#",
-        wake AS (
-            SELECT pg_notify($9, $2) FROM ins, here
-            WHERE $9::text IS NOT NULL AND ins.run_after <= now() AND NOT here.routed
+            RETURNING id
         )
-        SELECT ins.id, false AS duplicate, (SELECT count(*) FROM wake) AS woke,
-               here.db AS tx_database,
-               CASE WHEN here.routed THEN pg_current_xact_id()::text::int8 END AS tx_xid
-        FROM ins, here
+        SELECT ins.id, false AS duplicate, "#,
+            wake_sql!("$9", "$10"),
+            " AS woke, ",
+            database_sql!(),
+            r#" AS db
+        FROM ins
         UNION ALL
-        SELECT j.id, true, 0, NULL, NULL FROM jobq.jobs j
+        SELECT j.id, true, 0, NULL FROM jobq.jobs j
         WHERE $8::text IS NOT NULL AND j.kind = $1 AND j.idempotency_key = $8
           AND NOT EXISTS (SELECT 1 FROM ins)
         "#
@@ -59,8 +54,8 @@ pub(crate) async fn job_insert(
         job,
     )
     .bind(&job.idempotency_key)
-    .bind(wake.channel())
-    .bind(wake.routes())
+    .bind(wake.queues)
+    .bind(wake.recent)
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(row) = row {
@@ -69,7 +64,7 @@ pub(crate) async fn job_insert(
             duplicate: row.try_get("duplicate")?,
             replaced: false,
         };
-        return Ok((enqueued, TxOf::from_row(&row)?));
+        return Ok((enqueued, row.try_get("db")?));
     }
     // The conflicting row was committed by a concurrent transaction after this
     // statement's snapshot was taken: look again with a fresh snapshot.
@@ -100,9 +95,7 @@ async fn job_insert_unkeyed(
     conn: &mut PgConnection,
     job: &NewJob,
     wake: Wake<'_>,
-) -> Result<(Enqueued, Option<TxOf>), Error> {
-    // The notification is the second column (pg_notify returns void, which is not NULL);
-    // a select list is evaluated for every row, so it is sent exactly when asked.
+) -> Result<(Enqueued, Db), Error> {
     let row = bind_job(
         sqlx::query(concat!(
             r#"
@@ -112,23 +105,20 @@ async fn job_insert_unkeyed(
             state_sql!("t.at"),
             r#"
             FROM (SELECT coalesce($6, now() + make_interval(secs => coalesce($7, 0))) AS at) t
-            RETURNING id, run_after
-        ),
-        "#,
-            here_sql!("$9"),
-            r#"
-        SELECT ins.id,
-               (CASE WHEN $8::text IS NOT NULL AND ins.run_after <= now() AND NOT here.routed
-                     THEN pg_notify($8, $2) END) IS NULL AS quiet,
-               here.db AS tx_database,
-               CASE WHEN here.routed THEN pg_current_xact_id()::text::int8 END AS tx_xid
-        FROM ins, here
+            RETURNING id
+        )
+        SELECT ins.id, "#,
+            wake_sql!("$8", "$9"),
+            " AS woke, ",
+            database_sql!(),
+            r#" AS db
+        FROM ins
         "#
         )),
         job,
     )
-    .bind(wake.channel())
-    .bind(wake.routes())
+    .bind(wake.queues)
+    .bind(wake.recent)
     .fetch_one(&mut *conn)
     .await?;
     let enqueued = Enqueued {
@@ -136,7 +126,7 @@ async fn job_insert_unkeyed(
         duplicate: false,
         replaced: false,
     };
-    Ok((enqueued, TxOf::from_row(&row)?))
+    Ok((enqueued, row.try_get("db")?))
 }
 
 async fn job_find_by_key(
@@ -213,7 +203,7 @@ pub(crate) async fn job_insert_many(
     conn: &mut PgConnection,
     jobs: &[NewJob],
     wake: Wake<'_>,
-) -> Result<(Vec<Enqueued>, Option<TxOf>), Error> {
+) -> Result<(Vec<Enqueued>, Db), Error> {
     if jobs.iter().any(|j| j.ordering.is_some()) {
         return super::job_insert_ordered(conn, jobs, wake).await;
     }
@@ -227,7 +217,7 @@ pub(crate) async fn job_insert_many_unordered(
     conn: &mut PgConnection,
     jobs: &[NewJob],
     wake: Wake<'_>,
-) -> Result<(Vec<Enqueued>, Option<TxOf>), Error> {
+) -> Result<(Vec<Enqueued>, Db), Error> {
     if jobs.is_empty() {
         return Ok((Vec::new(), None));
     }
@@ -262,25 +252,15 @@ pub(crate) async fn job_insert_many_unordered(
                                           now() + make_interval(secs => coalesce(delay, 0))) AS at) t
             ORDER BY ord
             ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-            RETURNING id, kind, idempotency_key, queue, run_after
-        ),
-        "#,
-            here_sql!("$10"),
-            r#",
-        wake AS (
-            SELECT pg_notify($9, q.queue)
-            FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q, here
-            WHERE $9::text IS NOT NULL AND NOT here.routed
+            RETURNING id, kind, idempotency_key
         )
         SELECT i.ord,
                coalesce(n.id, dup.id) AS id,
                (n.id IS NULL) AS duplicate,
-               (SELECT count(*) FROM wake) AS woke,
-               CASE WHEN i.ord = 1 THEN here.db END AS tx_database,
-               CASE WHEN here.routed AND i.ord = 1
-                    THEN pg_current_xact_id()::text::int8 END AS tx_xid
+               "#,
+            wake_columns_sql!("$9", "$10"),
+            r#"
         FROM input i
-        CROSS JOIN here
         LEFT JOIN ins n ON n.id = i.new_id
         LEFT JOIN LATERAL (
             -- The CASE keeps the planner from scanning `ins` once per unkeyed row
@@ -298,14 +278,11 @@ pub(crate) async fn job_insert_many_unordered(
         &c,
     )
     .bind(&c.keys)
-    .bind(wake.channel())
-    .bind(wake.routes())
+    .bind(wake.queues)
+    .bind(wake.recent)
     .fetch_all(&mut *conn)
     .await?;
-    let tx = match rows.first() {
-        Some(row) => TxOf::from_row(row)?,
-        None => None,
-    };
+    let db = db_of(&rows)?;
     let mut out = Vec::with_capacity(n);
     for (job, row) in jobs.iter().zip(rows) {
         let id: Option<i64> = row.try_get("id")?;
@@ -331,18 +308,18 @@ pub(crate) async fn job_insert_many_unordered(
             replaced: false,
         });
     }
-    Ok((out, tx))
+    Ok((out, db))
 }
 
 /// `job_insert_many` for a batch in which no job has an idempotency key, the common
 /// bulk case: no conflict is possible, so the statement is a plain `INSERT … SELECT FROM
-/// unnest(…)` with ids drawn up front, and returns them in input order. (The general
-/// statement's duplicate lookups made it about ten times slower per row.)
+/// unnest(…)` with ids drawn up front, and returns them in input order, without the
+/// general statement's per-row duplicate lookups.
 async fn job_insert_many_unkeyed(
     conn: &mut PgConnection,
     jobs: &[NewJob],
     wake: Wake<'_>,
-) -> Result<(Vec<Enqueued>, Option<TxOf>), Error> {
+) -> Result<(Vec<Enqueued>, Db), Error> {
     let n = jobs.len();
     let c = Columns::of(jobs);
     let rows = bind_columns(
@@ -363,35 +340,23 @@ async fn job_insert_many_unkeyed(
             FROM input,
                  LATERAL (SELECT coalesce(run_after,
                                           now() + make_interval(secs => coalesce(delay, 0))) AS at) t
-            RETURNING queue, run_after
-        ),
-        "#,
-            here_sql!("$9"),
-            r#",
-        wake AS (
-            SELECT pg_notify($8, q.queue)
-            FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q, here
-            WHERE $8::text IS NOT NULL AND NOT here.routed
+            RETURNING id
         )
         SELECT i.new_id,
-               CASE WHEN i.ord = 1 THEN here.db END AS tx_database,
-               CASE WHEN here.routed AND i.ord = 1
-                    THEN pg_current_xact_id()::text::int8 END AS tx_xid
-        FROM input i, here
-        WHERE (SELECT count(*) FROM wake) >= 0
+               "#,
+            wake_columns_sql!("$8", "$9"),
+            r#"
+        FROM input i
         ORDER BY i.ord
         "#
         )),
         &c,
     )
-    .bind(wake.channel())
-    .bind(wake.routes())
+    .bind(wake.queues)
+    .bind(wake.recent)
     .fetch_all(&mut *conn)
     .await?;
-    let tx = match rows.first() {
-        Some(row) => TxOf::from_row(row)?,
-        None => None,
-    };
+    let db = db_of(&rows)?;
     let ids = rows
         .iter()
         .map(|r| r.try_get::<i64, _>("new_id"))
@@ -413,7 +378,15 @@ async fn job_insert_many_unkeyed(
             replaced: false,
         })
         .collect();
-    Ok((enqueued, tx))
+    Ok((enqueued, db))
+}
+
+/// The `db` column of a batch insert's first row.
+pub(crate) fn db_of(rows: &[sqlx::postgres::PgRow]) -> Result<Db, Error> {
+    match rows.first() {
+        Some(row) => Ok(row.try_get("db")?),
+        None => Ok(None),
+    }
 }
 
 /// A job as claimed by one attempt. `(id, fence)` is the attempt's fencing token.
@@ -451,22 +424,10 @@ pub(crate) struct ClaimParams<'a> {
     pub(crate) now: Option<DateTime<Utc>>,
 }
 
-/// Claims up to `limit` due jobs of `queue` in one statement: the candidates are locked in
-/// a MATERIALIZED CTE (`FOR UPDATE SKIP LOCKED LIMIT n`, so the planner cannot update more
-/// rows than the limit), then moved to `running` with `attempts + 1` and a lease.
-/// A queue an operator paused (`jobq.queues.paused`) yields nothing.
-///
-/// The candidates are found by one probe of `jobs_claim_kind_idx` per served kind, each
-/// reading only due rows of that kind in claim order, so rows the claim will not take
-/// cost it nothing: future and backoff rows are `scheduled` (not in the index), other
-/// kinds are other index ranges, finished rows are not in it. With several kinds a probe
-/// may lock rows the final `LIMIT` drops; they are unlocked when the statement ends.
-pub(crate) async fn job_claim(
-    conn: &mut PgConnection,
-    p: &ClaimParams<'_>,
-) -> Result<Vec<ClaimedJob>, Error> {
-    let rows = sqlx::query(concat!(
-        r#"
+/// The claim statement of [`job_claim`]: `$1` queue, `$2` served kinds, `$3` their
+/// leases in seconds, `$4` limit, `$5` worker, `$6` now (`NULL`: the database's clock).
+pub(crate) const JOB_CLAIM_SQL: &str = concat!(
+    r#"
         WITH served AS (
             SELECT * FROM unnest($2::text[], $3::float8[]) AS s(kind, lease)
         ),
@@ -488,21 +449,37 @@ pub(crate) async fn job_claim(
         )
         UPDATE jobq.jobs j
         "#,
-        claim_set_sql!("$5", "$6"),
-        r#"
+    claim_set_sql!("$5", "$6"),
+    r#"
         FROM candidates c, served s
         WHERE j.id = c.id AND s.kind = j.kind
         "#,
-        claim_returning_sql!()
-    ))
-    .bind(p.queue)
-    .bind(p.kinds)
-    .bind(p.lease_secs)
-    .bind(p.limit)
-    .bind(p.worker)
-    .bind(p.now)
-    .fetch_all(&mut *conn)
-    .await?;
+    claim_returning_sql!()
+);
+
+/// Claims up to `limit` due jobs of `queue` in one statement: the candidates are locked in
+/// a MATERIALIZED CTE (`FOR UPDATE SKIP LOCKED LIMIT n`, so the planner cannot update more
+/// rows than the limit), then moved to `running` with `attempts + 1` and a lease.
+/// A queue an operator paused (`jobq.queues.paused`) yields nothing.
+///
+/// The candidates are found by one probe of `jobs_claim_kind_idx` per served kind, each
+/// reading only due rows of that kind in claim order, so rows the claim will not take
+/// cost it nothing: future and backoff rows are `scheduled` (not in the index), other
+/// kinds are other index ranges, finished rows are not in it. With several kinds a probe
+/// may lock rows the final `LIMIT` drops; they are unlocked when the statement ends.
+pub(crate) async fn job_claim(
+    conn: &mut PgConnection,
+    p: &ClaimParams<'_>,
+) -> Result<Vec<ClaimedJob>, Error> {
+    let rows = sqlx::query(JOB_CLAIM_SQL)
+        .bind(p.queue)
+        .bind(p.kinds)
+        .bind(p.lease_secs)
+        .bind(p.limit)
+        .bind(p.worker)
+        .bind(p.now)
+        .fetch_all(&mut *conn)
+        .await?;
     claimed_from_rows(rows)
 }
 
@@ -547,9 +524,8 @@ pub(crate) enum FenceResult {
 /// per input, in order.
 ///
 /// The input `unnest(ids, attempts)` drives a nested loop over the primary key, one
-/// probe per fence, linear in the batch. (Looking each row's attempt up with
-/// `array_position` instead was quadratic: 5,000 completions took 0.5 s in the scan
-/// alone.) The state test is written `IS TRUE` so that the partial lease index cannot be
+/// probe per fence, linear in the batch (an `array_position` lookup per row would be
+/// quadratic). The state test is written `IS TRUE` so that the partial lease index cannot be
 /// chosen: statistics taken while the queue was full of pending jobs say almost nothing
 /// runs, and a plan driven by that index rescanned the input for every running job. The UPDATE returns
 /// the ids it applied to and the results are matched up here; only inputs it did not
@@ -673,16 +649,18 @@ pub(crate) struct FailParams<'a> {
     pub(crate) disposition: Disposition,
     pub(crate) code: &'a str,
     pub(crate) message: &'a str,
-    /// The backoff before the next attempt, if one is allowed.
-    pub(crate) delay_secs: f64,
+    /// When the job runs again, as [`crate::retry::next_state`] decided; `None`: it does
+    /// not (`failed`, or `cancelled` for a cancel).
+    pub(crate) retry_in_secs: Option<f64>,
     pub(crate) now: Option<DateTime<Utc>>,
 }
 
-/// Records a failed attempt, fenced by `(id, lease generation)`: back to `scheduled` with
-/// `run_after = now + delay` (`pending` when the delay is zero) while attempts remain and
-/// the failure is retryable; `failed`
-/// when permanent or exhausted; `cancelled` when the job cancelled itself or an operator
-/// asked for it while it ran. Appends to the bounded `errors` history. Returns the new
+/// Records a failed attempt, fenced by `(id, lease generation)`, as the runtime decided
+/// it ([`crate::retry::next_state`]): back to `scheduled` with `run_after = now + retry
+/// in` (`pending` when that is zero), else `failed`. What only the database knows at
+/// write time overrides that: `cancelled` when an operator asked for it while it ran (or
+/// the job cancelled itself), `failed` with code `expired` when the retry would run past
+/// the job's maximum age. Appends to the bounded `errors` history. Returns the new
 /// state, or `None` when the fence did not match.
 pub(crate) async fn job_fail(
     conn: &mut PgConnection,
@@ -693,7 +671,7 @@ pub(crate) async fn job_fail(
         WITH cur AS (
             SELECT id,
                    CASE WHEN cancel_requested OR $3 = 'cancel' THEN 'cancelled'
-                        WHEN $3 = 'permanent' OR attempts >= max_attempts THEN 'failed'
+                        WHEN $6::float8 IS NULL THEN 'failed'
                         -- Past its age by the time the retry would run: not retried.
                         WHEN expires_at <= coalesce($7, now()) + make_interval(secs => $6)
                             THEN 'expired'
@@ -732,7 +710,7 @@ pub(crate) async fn job_fail(
     .bind(p.disposition.as_str())
     .bind(p.code)
     .bind(truncate_message(p.message))
-    .bind(p.delay_secs)
+    .bind(p.retry_in_secs)
     .bind(p.now)
     .bind(ERROR_HISTORY_LEN)
     .fetch_optional(&mut *conn)

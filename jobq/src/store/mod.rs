@@ -1,37 +1,58 @@
 //! Every SQL statement jobq issues, one function each, named `noun_verb`.
 //!
-//! Nothing outside this module talks to the database. Functions take the narrowest
+//! No other module of jobq issues SQL (`notify` only LISTENs, through sqlx's
+//! `PgListener`); `jobq-testing`'s statements are here too, in `testing`. Functions take the narrowest
 //! executor they need (`&mut PgConnection` or `&PgPool`), never commit a transaction they
 //! did not open, and take "now" as a parameter (`coalesce($n, now())`) where the clock
 //! matters, so tests can move time without sleeping. `None` means the database's clock.
 
 /// SQL naming the database a statement runs in: its name and the start time of its
-/// server. Two connections get the same text exactly when they reach the same database
-/// of the same running server, whatever address they came through; a restart or a
-/// failover changes it. (The cluster's system identifier would survive those, but reading
-/// it costs a read of the control file, about a tenth of an insert, and managed services
-/// may not grant it.) The time is in epoch seconds, so the session's time zone and date
-/// style do not change the text.
+/// server, so that two servers with a database of the same name are told apart. The time
+/// is in epoch seconds, so the session's time zone and date style do not change the text.
 macro_rules! database_sql {
     () => {
         "(current_database() || ' ' || extract(epoch FROM pg_postmaster_start_time())::text)"
     };
 }
 
-/// The CTE `here(db, routed)` of an insert whose wake-up is sent after the commit when
-/// its database is among the routed ones, bound as a `text[]` at `$routes` (NULL: none):
-/// `db` names the database as [`database_sql!`] does (NULL without routes), `routed`
-/// says whether it is among them. One row, always.
-macro_rules! here_sql {
-    ($routes:literal) => {
+/// The NOTIFY channel enqueue wakes producers on; the payload is the queue name.
+macro_rules! notify_channel {
+    () => {
+        "jobq_insert"
+    };
+}
+
+/// SQL that wakes the producers of the queues in the `text[]` at `$queues`, less those
+/// named in the `text[]` at `$recent` (NULL: none) for this statement's database, as
+/// `queue || chr(31) || db` with `db` as [`database_sql!`] names it. An expression (the
+/// count of notifications sent), so a statement sends them by selecting it. PostgreSQL
+/// delivers them when the transaction commits, once per queue however often notified.
+macro_rules! wake_sql {
+    ($queues:literal, $recent:literal) => {
         concat!(
-            "here AS (SELECT d.db, coalesce(d.db = ANY(",
-            $routes,
-            "::text[]), false) AS routed FROM (SELECT CASE WHEN ",
-            $routes,
-            "::text[] IS NOT NULL THEN ",
+            "(SELECT count(pg_notify('",
+            notify_channel!(),
+            "', q)) FROM unnest(",
+            $queues,
+            "::text[]) q WHERE NOT (q || chr(31) || ",
             database_sql!(),
-            " END AS db) d)"
+            ") = ANY(coalesce(",
+            $recent,
+            "::text[], '{}')))"
+        )
+    };
+}
+
+/// The columns `woke` ([`wake_sql!`]) and `db` ([`database_sql!`]) of a batch insert's
+/// result, on its first input row only (`i.ord = 1`), so the batch notifies once.
+macro_rules! wake_columns_sql {
+    ($queues:literal, $recent:literal) => {
+        concat!(
+            "CASE WHEN i.ord = 1 THEN ",
+            wake_sql!($queues, $recent),
+            " END AS woke, CASE WHEN i.ord = 1 THEN ",
+            database_sql!(),
+            " END AS db"
         )
     };
 }
@@ -96,14 +117,14 @@ mod prune;
 mod scale_tests;
 mod schedules;
 mod stats;
+pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
 mod unique;
-mod wake;
 mod workers;
 
+pub use crate::rows::{AuditRow, JobRow, TerminalJob, Transition};
 pub(crate) use admin::*;
-pub use admin::{AuditRow, JobRow, TerminalJob, Transition};
 pub(crate) use browse::*;
 pub use browse::{FailedGroup, JobSummary, MinuteCount};
 pub(crate) use effects::*;
@@ -116,23 +137,37 @@ pub(crate) use migrations::*;
 pub(crate) use ordering::*;
 pub use ordering::{ParkedKey, Unparked};
 pub(crate) use outbox::*;
-pub use outbox::{Aggregate, InboxOutcome, OutboxEvent, OutboxLag, StuckEvent};
+pub use outbox::{
+    Aggregate, EventParam, InboxOutcome, OutboxEvent, OutboxLag, PublishFailures, StuckEvent,
+};
 pub(crate) use promote::*;
 pub(crate) use prune::*;
 pub use schedules::ScheduleRow;
 pub(crate) use schedules::*;
 pub(crate) use stats::*;
 pub(crate) use unique::*;
-pub(crate) use wake::*;
 pub(crate) use workers::*;
 
 use chrono::{DateTime, Utc};
 
 use crate::error::Error;
-use crate::job::{MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN};
+use crate::limits::{MAX_IDEMPOTENCY_KEY_LEN, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_QUEUE_LEN};
 
 /// The NOTIFY channel enqueue wakes producers on; the payload is the queue name.
-pub(crate) const NOTIFY_CHANNEL: &str = "jobq_insert";
+pub(crate) const NOTIFY_CHANNEL: &str = notify_channel!();
+
+/// How an insert wakes producers: it notifies each of `queues` (those of its due jobs)
+/// but the ones in `recent` (see [`wake_sql!`]), inside its own statement. The default
+/// wakes no one.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Wake<'a> {
+    pub(crate) queues: &'a [String],
+    pub(crate) recent: &'a [String],
+}
+
+/// The database an insert ran in, as [`database_sql!`] names it, when it could wake
+/// producers (its `db` column; `None` for a batch that inserted nothing).
+pub(crate) type Db = Option<String>;
 
 /// How many entries of `jobs.errors` are kept; older ones are dropped.
 pub(crate) const ERROR_HISTORY_LEN: i32 = 20;
@@ -174,6 +209,17 @@ impl NewJob {
             Some(at) => at <= Utc::now(),
             None => self.delay_secs.is_none_or(|d| d <= 0.0),
         }
+    }
+
+    /// The queues of `jobs` due at once, each once: those an insert of them wakes.
+    pub(crate) fn due_queues(jobs: &[NewJob]) -> Vec<String> {
+        let mut queues: Vec<String> = Vec::new();
+        for job in jobs.iter().filter(|j| j.due_now()) {
+            if !queues.contains(&job.queue) {
+                queues.push(job.queue.clone());
+            }
+        }
+        queues
     }
 
     /// Rejects what the database would reject, with a stable code instead of a

@@ -17,9 +17,9 @@ use serde::Serialize;
 use sqlx::{Connection, PgConnection, Row};
 
 use super::admin::Actor;
-use super::{NOTIFY_CHANNEL, NewJob, TxOf, Wake};
+use super::{Db, NOTIFY_CHANNEL, NewJob, Wake};
 use crate::error::Error;
-use crate::job::Enqueued;
+use crate::rows::Enqueued;
 
 /// The first half of every key lock (`pg_advisory_xact_lock(int4, int4)`, a key space
 /// apart from the single-`bigint` locks jobq takes elsewhere): "ordq" in ASCII.
@@ -167,7 +167,7 @@ pub(crate) async fn job_insert_ordered(
     conn: &mut PgConnection,
     jobs: &[NewJob],
     wake: Wake<'_>,
-) -> Result<(Vec<Enqueued>, Option<TxOf>), Error> {
+) -> Result<(Vec<Enqueued>, Db), Error> {
     let mut tx = conn.begin().await?;
     let ordered: Vec<&NewOrdering> = jobs.iter().filter_map(|j| j.ordering.as_ref()).collect();
     let scopes: Vec<&str> = ordered.iter().map(|o| o.scope.as_str()).collect();

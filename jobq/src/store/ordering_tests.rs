@@ -27,7 +27,7 @@ fn job(kind: &str, scope: Option<&str>, key: Option<&str>) -> NewJob {
 }
 
 async fn enqueue(conn: &mut PgConnection, j: NewJob) -> i64 {
-    job_insert(conn, &j, Wake::No).await.unwrap().0.id.0
+    job_insert(conn, &j, Wake::default()).await.unwrap().0.id.0
 }
 
 async fn claim(conn: &mut PgConnection, kinds: &[&str]) -> Vec<(i64, i64)> {
@@ -66,7 +66,8 @@ async fn fail(conn: &mut PgConnection, (id, fence): (i64, i64), d: Disposition) 
             disposition: d,
             code: "boom",
             message: "boom",
-            delay_secs: 0.0,
+            // As `retry::next_state` decides for a job with attempts left.
+            retry_in_secs: (d == Disposition::Retryable).then_some(0.0),
             now: None,
         },
     )
@@ -297,7 +298,9 @@ async fn a_batch_chains_its_jobs_of_one_key_in_input_order() {
         job("k", None, Some("B")),
         job("k", None, Some("A")),
     ];
-    let (e, _) = job_insert_many(&mut conn, &batch, Wake::No).await.unwrap();
+    let (e, _) = job_insert_many(&mut conn, &batch, Wake::default())
+        .await
+        .unwrap();
     let e: Vec<i64> = e.iter().map(|e| e.id.0).collect();
     let c = claim(&mut conn, &["k"]).await;
     assert_eq!(ids(&c), vec![e[0], e[2]]);
@@ -314,7 +317,7 @@ async fn repeatable_read_is_refused() {
         .execute(&mut *tx)
         .await
         .unwrap();
-    let e = job_insert(&mut tx, &job("k", None, Some("A")), Wake::No)
+    let e = job_insert(&mut tx, &job("k", None, Some("A")), Wake::default())
         .await
         .unwrap_err();
     assert_eq!(e.code(), "ordering_isolation");

@@ -147,7 +147,7 @@ async fn inserts_put_future_jobs_in_scheduled() {
         (None, Some("k1")),
         (Some(60.0), Some("k2")),
     ] {
-        let (e, _) = job_insert(&mut conn, &job(delay, key), Wake::No)
+        let (e, _) = job_insert(&mut conn, &job(delay, key), Wake::default())
             .await
             .unwrap();
         ids.push(e.id.0);
@@ -158,7 +158,9 @@ async fn inserts_put_future_jobs_in_scheduled() {
             .enumerate()
             .map(|(i, d)| job(d, keyed.then_some(["k3", "k4"][i])))
             .collect();
-        let (es, _) = job_insert_many(&mut conn, &batch, Wake::No).await.unwrap();
+        let (es, _) = job_insert_many(&mut conn, &batch, Wake::default())
+            .await
+            .unwrap();
         ids.extend(es.iter().map(|e| e.id.0));
     }
     let states: Vec<String> =
@@ -192,7 +194,7 @@ async fn a_retry_with_backoff_is_scheduled_and_promoted_when_due() {
         disposition: crate::error::Disposition::Retryable,
         code: "x",
         message: "m",
-        delay_secs,
+        retry_in_secs: Some(delay_secs),
         now: Some(at),
     };
     assert_eq!(

@@ -42,7 +42,7 @@ async fn stale_writes_change_nothing() {
             disposition: Disposition::Permanent,
             code: "x",
             message: "stale",
-            delay_secs: 0.0,
+            retry_in_secs: None,
             now: None,
         },
     )
@@ -81,7 +81,7 @@ async fn stale_writes_change_nothing() {
             disposition: Disposition::Retryable,
             code: "late",
             message: "late",
-            delay_secs: 0.0,
+            retry_in_secs: Some(0.0),
             now: None,
         },
     )

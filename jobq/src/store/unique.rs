@@ -6,9 +6,11 @@
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
-use super::{NewJob, TxOf, Wake};
+use super::{Db, NewJob, Wake, db_of};
 use crate::error::Error;
-use crate::job::{Enqueued, JobId, Replace};
+use crate::ids::JobId;
+use crate::options::Replace;
+use crate::rows::Enqueued;
 
 /// The options of `0005_time` one job carries.
 #[derive(Debug, Clone)]
@@ -85,10 +87,10 @@ pub(crate) async fn job_insert_timed(
     conn: &mut PgConnection,
     jobs: &[NewJob],
     wake: Wake<'_>,
-) -> Result<(Vec<Enqueued>, Option<TxOf>), Error> {
+) -> Result<(Vec<Enqueued>, Db), Error> {
     if jobs.iter().any(|j| j.time.replace.is_some()) {
         let mut out = Vec::with_capacity(jobs.len());
-        let mut tx = None;
+        let mut db = None;
         for job in jobs {
             let (e, t) = match job.time.replace {
                 Some(replace) => job_insert_replacing(conn, job, replace, wake).await?,
@@ -99,9 +101,9 @@ pub(crate) async fn job_insert_timed(
                 }
             };
             out.push(e);
-            tx = tx.or(t);
+            db = db.or(t);
         }
-        return Ok((out, tx));
+        return Ok((out, db));
     }
     let rows = sqlx::query(concat!(
         r#"
@@ -136,25 +138,15 @@ pub(crate) async fn job_insert_timed(
                                           now() + make_interval(secs => coalesce(delay, 0))) AS at) t
             ORDER BY ord
             ON CONFLICT DO NOTHING
-            RETURNING id, kind, idempotency_key, unique_key, queue, run_after
-        ),
-        "#,
-        here_sql!("$16"),
-        r#",
-        wake AS (
-            SELECT pg_notify($15, q.queue)
-            FROM (SELECT DISTINCT queue FROM ins WHERE run_after <= now()) q, here
-            WHERE $15::text IS NOT NULL AND NOT here.routed
+            RETURNING id, kind, idempotency_key, unique_key
         )
         SELECT i.ord,
                coalesce(n.id, dup.id) AS id,
                (n.id IS NULL) AS duplicate,
-               (SELECT count(*) FROM wake) AS woke,
-               CASE WHEN i.ord = 1 THEN here.db END AS tx_database,
-               CASE WHEN here.routed AND i.ord = 1
-                    THEN pg_current_xact_id()::text::int8 END AS tx_xid
+               "#,
+        wake_columns_sql!("$15", "$16"),
+        r#"
         FROM input i
-        CROSS JOIN here
         LEFT JOIN ins n ON n.id = i.new_id
         LEFT JOIN LATERAL (
             SELECT CASE WHEN n.id IS NULL THEN coalesce(
@@ -209,8 +201,8 @@ pub(crate) async fn job_insert_timed(
     )
     .bind(jobs.iter().map(|j| j.time.max_age_secs).collect::<Vec<_>>())
     .bind(jobs.iter().map(|j| j.time.deadline).collect::<Vec<_>>())
-    .bind(wake.channel())
-    .bind(wake.routes())
+    .bind(wake.queues)
+    .bind(wake.recent)
     .bind(
         jobs.iter()
             .map(|j| j.trace_context.as_deref())
@@ -228,10 +220,7 @@ pub(crate) async fn job_insert_timed(
     )
     .fetch_all(&mut *conn)
     .await?;
-    let tx = match rows.first() {
-        Some(row) => TxOf::from_row(row)?,
-        None => None,
-    };
+    let db = db_of(&rows)?;
     let mut out = Vec::with_capacity(jobs.len());
     for (job, row) in jobs.iter().zip(rows) {
         let id: Option<i64> = row.try_get("id")?;
@@ -247,7 +236,7 @@ pub(crate) async fn job_insert_timed(
             replaced: false,
         });
     }
-    Ok((out, tx))
+    Ok((out, db))
 }
 
 /// Inserts one job whose duplicate, if pending, it replaces (args, `run_after` or both) in
@@ -257,7 +246,7 @@ async fn job_insert_replacing(
     job: &NewJob,
     replace: Replace,
     wake: Wake<'_>,
-) -> Result<(Enqueued, Option<TxOf>), Error> {
+) -> Result<(Enqueued, Db), Error> {
     let row = sqlx::query(concat!(
         r#"
         WITH ins AS (
@@ -284,19 +273,14 @@ async fn job_insert_replacing(
                              WHEN EXCLUDED.run_after > now() THEN 'scheduled'
                              ELSE 'pending' END
             WHERE j.state IN ('pending', 'scheduled')
-            RETURNING j.id, j.queue, j.run_after, (j.xmax = 0) AS inserted
-        ),
-        "#,
-        here_sql!("$16"),
-        r#",
-        wake AS (
-            SELECT pg_notify($15, ins.queue) FROM ins, here
-            WHERE $15::text IS NOT NULL AND ins.run_after <= now() AND NOT here.routed
+            RETURNING j.id, (j.xmax = 0) AS inserted
         )
-        SELECT ins.id, ins.inserted, (SELECT count(*) FROM wake) AS woke,
-               here.db AS tx_database,
-               CASE WHEN here.routed THEN pg_current_xact_id()::text::int8 END AS tx_xid
-        FROM ins, here
+        SELECT ins.id, ins.inserted, "#,
+        wake_sql!("$15", "$16"),
+        " AS woke, ",
+        database_sql!(),
+        r#" AS db
+        FROM ins
         "#
     ))
     .bind(&job.kind)
@@ -313,8 +297,8 @@ async fn job_insert_replacing(
     .bind(job.time.unique_period_secs)
     .bind(job.time.max_age_secs)
     .bind(job.time.deadline)
-    .bind(wake.channel())
-    .bind(wake.routes())
+    .bind(wake.queues)
+    .bind(wake.recent)
     .bind(replace.args)
     .bind(replace.run_after)
     .bind(&job.trace_context)
@@ -330,7 +314,7 @@ async fn job_insert_replacing(
                 duplicate: !inserted,
                 replaced: !inserted,
             };
-            Ok((e, TxOf::from_row(&row)?))
+            Ok((e, row.try_get("db")?))
         }
         // The duplicate is not pending (running, or another listed state): untouched.
         None => {

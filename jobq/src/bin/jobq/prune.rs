@@ -1,4 +1,5 @@
-//! `jobq prune`: delete finished jobs past their retention, per kind if asked.
+//! `jobq prune`: delete finished jobs past their retention, per kind if asked, and inbox
+//! rows past theirs.
 
 use std::time::Duration;
 
@@ -22,6 +23,9 @@ pub(crate) struct PruneArgs {
     /// Keep cancelled jobs this long.
     #[arg(long, default_value = "30d", value_parser = parse_duration)]
     cancelled_after: Duration,
+    /// Keep inbox rows (events consumers applied) this long after they were applied.
+    #[arg(long, default_value = "30d", value_parser = parse_duration)]
+    inbox_after: Duration,
     /// Rows per delete statement.
     #[arg(long, default_value_t = 1000)]
     batch: i64,
@@ -43,6 +47,7 @@ pub(crate) async fn prune(cx: &Cx, args: PruneArgs) -> Result<(), Failure> {
         done_after,
         failed_after,
         cancelled_after,
+        inbox_after,
         batch,
         kind_retention,
         yes,
@@ -65,36 +70,43 @@ pub(crate) async fn prune(cx: &Cx, args: PruneArgs) -> Result<(), Failure> {
         cancelled_after,
         per_kind,
         batch,
+        inbox_after,
         actor: admin_actor(cx.actor.as_deref()),
         ..PrunerConfig::default()
     };
     let pruner = Pruner::new(pool.clone(), config);
     let preview = pruner.dry_run(None).await?;
-    if dry_run || preview.total() == 0 {
+    if dry_run || preview.total() + preview.inbox == 0 {
         if json {
             print_json(&serde_json::json!({"dry_run": dry_run, "report": preview}))?;
         } else {
             println!(
-                "would delete {} jobs: {} done, {} failed, {} cancelled",
+                "would delete {} jobs: {} done, {} failed, {} cancelled; {} inbox rows",
                 preview.total(),
                 preview.done,
                 preview.failed,
-                preview.cancelled
+                preview.cancelled,
+                preview.inbox
             );
         }
         return Ok(());
     }
-    confirm(&format!("Delete {} jobs?", preview.total()), yes)?;
+    let inbox = match preview.inbox {
+        0 => String::new(),
+        n => format!(" and {n} inbox rows"),
+    };
+    confirm(&format!("Delete {} jobs{inbox}?", preview.total()), yes)?;
     let r = pruner.run_once().await?;
     if json {
         print_json(&serde_json::json!({"dry_run": false, "report": r}))?;
     } else {
         println!(
-            "deleted {} jobs: {} done, {} failed, {} cancelled ({} batches)",
+            "deleted {} jobs: {} done, {} failed, {} cancelled; {} inbox rows ({} batches)",
             r.total(),
             r.done,
             r.failed,
             r.cancelled,
+            r.inbox,
             r.batches
         );
     }

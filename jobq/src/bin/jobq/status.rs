@@ -217,8 +217,14 @@ fn print_status(s: &Stats) {
             })
             .collect();
         print!("{}", table(&["EVENT TYPE", "UNPUBLISHED", "OLDEST"], &rows));
-        for (code, n) in &s.outbox.failures {
-            println!("publish failures: {code} {n}");
+        if !s.outbox.failures.is_empty() {
+            let rows: Vec<Vec<String>> = s
+                .outbox
+                .failures
+                .iter()
+                .map(|f| vec![f.code.clone(), f.events.to_string()])
+                .collect();
+            print!("{}", table(&["PUBLISH FAILURE", "EVENTS"], &rows));
         }
     }
 }

@@ -1,14 +1,12 @@
-//! Every SQL statement jobq-testing issues, one function each, named `noun_verb`.
-//!
-//! jobq's own `store` owns the statements of the runtime (claim, complete, fail); what is
-//! here only creates and drops test databases and reads `jobq.jobs` for drains and
-//! assertions.
+//! The statements of `jobq-testing`, exposed to it as `jobq::__testing`: creating and
+//! dropping test databases, and reading `jobq.jobs` for drains and assertions. Not part
+//! of jobq's interface. They return `sqlx::Result`, as `jobq-testing` reports them.
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool, Row};
 
 /// Creates database `name` (a name this crate generated: `[a-z0-9_]` only).
-pub(crate) async fn database_create(conn: &mut PgConnection, name: &str) -> sqlx::Result<()> {
+pub async fn database_create(conn: &mut PgConnection, name: &str) -> sqlx::Result<()> {
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
         .execute(conn)
         .await?;
@@ -16,7 +14,7 @@ pub(crate) async fn database_create(conn: &mut PgConnection, name: &str) -> sqlx
 }
 
 /// Drops database `name`, cutting off the sessions still connected to it.
-pub(crate) async fn database_drop(conn: &mut PgConnection, name: &str) -> sqlx::Result<()> {
+pub async fn database_drop(conn: &mut PgConnection, name: &str) -> sqlx::Result<()> {
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
     )))
@@ -26,26 +24,27 @@ pub(crate) async fn database_drop(conn: &mut PgConnection, name: &str) -> sqlx::
 }
 
 /// One round trip that proves the server answers.
-pub(crate) async fn server_ping(conn: &mut PgConnection) -> sqlx::Result<()> {
+pub async fn server_ping(conn: &mut PgConnection) -> sqlx::Result<()> {
     sqlx::query("SELECT 1").execute(conn).await?;
     Ok(())
 }
 
 /// The database's clock (start of this statement's transaction).
-pub(crate) async fn clock_now(pool: &PgPool) -> sqlx::Result<DateTime<Utc>> {
+pub async fn clock_now(pool: &PgPool) -> sqlx::Result<DateTime<Utc>> {
     sqlx::query_scalar("SELECT now()").fetch_one(pool).await
 }
 
 /// Pending jobs of some kinds, per queue.
 #[derive(Debug, Clone)]
-pub(crate) struct PendingQueue {
-    pub(crate) queue: String,
+pub struct PendingQueue {
+    /// The queue.
+    pub queue: String,
     /// The earliest `run_after` among them.
-    pub(crate) earliest: DateTime<Utc>,
+    pub earliest: DateTime<Utc>,
 }
 
 /// Queues holding waiting jobs (`pending` or `scheduled`) of `kinds`, due or not, with their earliest due time.
-pub(crate) async fn job_pending_queues(
+pub async fn job_pending_queues(
     pool: &PgPool,
     kinds: &[String],
 ) -> sqlx::Result<Vec<PendingQueue>> {
@@ -73,7 +72,7 @@ pub(crate) async fn job_pending_queues(
 
 /// The first `limit` waiting jobs (`pending` or `scheduled`) of `kinds` in `queues`, as
 /// `(id, kind)`.
-pub(crate) async fn job_pending_sample(
+pub async fn job_pending_sample(
     pool: &PgPool,
     kinds: &[String],
     queues: &[String],
@@ -96,26 +95,34 @@ pub(crate) async fn job_pending_sample(
 
 /// A row of `jobq.jobs`, as the assertions show it.
 #[derive(Debug, Clone)]
-pub(crate) struct JobRow {
-    pub(crate) id: i64,
-    pub(crate) queue: String,
-    pub(crate) priority: i16,
-    pub(crate) state: jobq::JobState,
-    pub(crate) attempts: i32,
-    pub(crate) max_attempts: i32,
-    pub(crate) run_after: DateTime<Utc>,
-    pub(crate) created_at: DateTime<Utc>,
-    pub(crate) idempotency_key: Option<String>,
-    pub(crate) last_error_code: Option<String>,
-    pub(crate) payload: serde_json::Value,
+pub struct JobRow {
+    /// The id.
+    pub id: crate::ids::JobId,
+    /// The queue.
+    pub queue: String,
+    /// Smaller runs first.
+    pub priority: i16,
+    /// Its state.
+    pub state: crate::ids::JobState,
+    /// Attempts started so far.
+    pub attempts: i32,
+    /// The attempt budget.
+    pub max_attempts: i32,
+    /// Not before this time.
+    pub run_after: DateTime<Utc>,
+    /// Enqueued at.
+    pub created_at: DateTime<Utc>,
+    /// The idempotency key.
+    pub idempotency_key: Option<String>,
+    /// The last failure's stable code.
+    pub last_error_code: Option<String>,
+    /// The arguments.
+    pub payload: serde_json::Value,
 }
 
 /// Every job of `kind` this connection can see (its own uncommitted inserts included),
 /// oldest first.
-pub(crate) async fn job_list_by_kind(
-    conn: &mut PgConnection,
-    kind: &str,
-) -> sqlx::Result<Vec<JobRow>> {
+pub async fn job_list_by_kind(conn: &mut PgConnection, kind: &str) -> sqlx::Result<Vec<JobRow>> {
     let rows = sqlx::query(
         r#"
         SELECT id, queue, priority, state, attempts, max_attempts, run_after, created_at,
@@ -131,7 +138,7 @@ pub(crate) async fn job_list_by_kind(
     rows.iter()
         .map(|r| {
             Ok(JobRow {
-                id: r.try_get("id")?,
+                id: crate::ids::JobId(r.try_get("id")?),
                 queue: r.try_get("queue")?,
                 priority: r.try_get("priority")?,
                 state: r.try_get("state")?,
