@@ -219,6 +219,12 @@ pub(crate) struct Effective {
 }
 
 impl Effective {
+    /// Whether a claim of `kinds` from `queue` is held to a limit (the queue's, or one of
+    /// a kind's); a claim that is not is the plain one.
+    pub(crate) fn bind(&self, queue: &str, kinds: &[String]) -> bool {
+        self.queues.contains_key(queue) || kinds.iter().any(|k| self.kinds.contains_key(k))
+    }
+
     fn from_rows(rows: &[LimitRow], throttled: &[String]) -> Self {
         let mut e = Effective::default();
         for r in rows {
@@ -307,6 +313,16 @@ impl LimitCache {
         }
     }
 
+    /// The limits in force if they were read within the poll interval; `None` when
+    /// [`LimitCache::get`] must read them.
+    pub(crate) async fn fresh(&self) -> Option<Arc<Effective>> {
+        let state = self.state.lock().await;
+        state
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < self.max_age)
+            .map(|(_, e)| e.clone())
+    }
+
     /// The limits in force, read again when older than the poll interval (the first
     /// call writes this runtime's code limits first).
     pub(crate) async fn get(
@@ -359,7 +375,7 @@ pub(crate) async fn claim(
     defer: Duration,
 ) -> Result<Claimed, Error> {
     let queue_cap = limits.queues.get(p.queue).copied();
-    if queue_cap.is_none() && !p.kinds.iter().any(|k| limits.kinds.contains_key(k)) {
+    if !limits.bind(p.queue, p.kinds) {
         return Ok(Claimed {
             jobs: store::job_claim(conn, p).await?,
             retry_in: None,

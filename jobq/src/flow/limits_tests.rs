@@ -441,3 +441,47 @@ async fn a_limited_claim_never_takes_a_job_waiting_behind_its_ordering_key() {
     assert_eq!(claim_at(&mut conn, "default", 10, None).await, vec![head]);
     assert!(claim_at(&mut conn, "default", 10, None).await.is_empty());
 }
+
+/// Limited claims run on sessions that plan them once ([`crate::runtime::limited_pool`]):
+/// planning the statement for every claim cost more than running it. The one plan is made
+/// on the table as it is at the first claims, so it must reach rows through indexes:
+/// made on a table of 20,000 rows, a plan free to choose updated the claimed rows through
+/// a scan of the whole table, which grows with it.
+#[tokio::test]
+async fn limited_claims_keep_one_plan_that_uses_indexes() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed(&mut conn, KindLimits::NONE.concurrency(10_000), None).await;
+    pending(&mut conn, "k", "default", 20_000, None, None).await;
+    sqlx::query("ANALYZE jobq.jobs")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let limited = crate::runtime::limited_pool(db.pool(), 1);
+    let mut lc = limited.acquire().await.unwrap();
+    for _ in 0..7 {
+        assert_eq!(claim_at(&mut lc, "default", 100, None).await.len(), 100);
+    }
+    let (name, generic, custom): (String, i64, i64) = sqlx::query_as(
+        "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements
+         WHERE statement LIKE '%jobq.limit_gens%' AND statement LIKE '%claimed AS%'
+           AND statement NOT LIKE '%pg_prepared_statements%'",
+    )
+    .fetch_one(&mut *lc)
+    .await
+    .unwrap();
+    assert_eq!((generic, custom), (7, 0));
+    // The plan it keeps, made on the empty table: no scan of the whole table anywhere.
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN EXECUTE {name}('default', '{{k,other}}', '{{10000,NULL}}', '{{NULL,NULL}}',
+         '{{NULL,NULL}}', '{{}}', '{{}}', NULL, NULL, 10, '{{60,60}}', '{{1,NULL}}', NULL, 'w')"
+    )))
+    .fetch_all(&mut *lc)
+    .await
+    .unwrap();
+    assert!(
+        !plan.iter().any(|l| l.contains("Seq Scan on jobs")),
+        "{}",
+        plan.join("\n")
+    );
+}

@@ -249,8 +249,20 @@ async fn claim(
     limit: usize,
     now: Option<DateTime<Utc>>,
 ) -> Result<crate::flow::limits::Claimed, Error> {
-    let mut held = config.own.acquire().await?;
-    let limits = config.limits.get(&mut held, now).await?;
+    let limits = match config.limits.fresh().await {
+        Some(limits) => limits,
+        None => {
+            let mut conn = config.own.acquire().await?;
+            config.limits.get(&mut conn, now).await?
+        }
+    };
+    // A limited claim runs on a session that keeps its plans (see `LIMITED_CLAIM_SETTINGS`).
+    let pool = if limits.bind(queue, &config.kinds) {
+        &config.limited
+    } else {
+        &config.own
+    };
+    let mut held = pool.acquire().await?;
     let jobs = crate::flow::limits::claim(
         &mut held,
         &ClaimParams {
