@@ -471,7 +471,7 @@ async fn limited_claims_keep_one_plan_that_uses_indexes() {
     .await
     .unwrap();
     assert_eq!((generic, custom), (7, 0));
-    // The plan it keeps, made on the empty table: no scan of the whole table anywhere.
+    // The plan it keeps: no scan of the whole of jobq.jobs anywhere.
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN EXECUTE {name}('default', '{{k,other}}', '{{10000,NULL}}', '{{NULL,NULL}}',
          '{{NULL,NULL}}', '{{}}', '{{}}', NULL, NULL, 10, '{{60,60}}', '{{1,NULL}}', NULL, 'w')"
