@@ -225,7 +225,7 @@ impl Pruner {
                 }
             }
         }
-        let inbox_before = inbox_cutoff(now, self.config.inbox_after);
+        let inbox_before = cutoff(now, self.config.inbox_after);
         loop {
             let n = store::inbox_prune_batch(&self.pool, inbox_before, batch).await?;
             report.batches += 1;
@@ -251,7 +251,7 @@ impl Pruner {
             let n = store::job_prune_count(&mut conn, &params(&rule, now, &except)).await?;
             add(&mut report, rule.state, n);
         }
-        let inbox_before = inbox_cutoff(now, self.config.inbox_after);
+        let inbox_before = cutoff(now, self.config.inbox_after);
         report.inbox = store::inbox_prune_count(&mut conn, inbox_before).await?;
         Ok(report)
     }
@@ -288,23 +288,23 @@ impl Pruner {
 }
 
 fn params<'a>(rule: &Rule<'a>, now: DateTime<Utc>, except: &'a [String]) -> PruneParams<'a> {
-    let age = chrono::Duration::from_std(rule.age).unwrap_or(chrono::Duration::MAX);
     PruneParams {
         state: rule.state,
-        // A retention too long to subtract keeps everything: year 1 is before any row.
-        before: now
-            .checked_sub_signed(age)
-            .filter(|t| chrono::Datelike::year(t) >= 1)
-            .or_else(|| DateTime::from_timestamp(-62_135_596_800, 0))
-            .unwrap_or(now),
+        before: cutoff(now, rule.age),
         kind: rule.kind,
         except_kinds: except,
     }
 }
 
-/// Inbox rows applied before this instant are due.
-fn inbox_cutoff(now: DateTime<Utc>, after: Duration) -> DateTime<Utc> {
-    now - chrono::Duration::from_std(after).unwrap_or(chrono::Duration::MAX)
+/// `now` less `age`: what is older goes. A retention too long to subtract keeps
+/// everything (year 1 is before any row).
+fn cutoff(now: DateTime<Utc>, age: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(age)
+        .ok()
+        .and_then(|age| now.checked_sub_signed(age))
+        .filter(|t| chrono::Datelike::year(t) >= 1)
+        .or_else(|| DateTime::from_timestamp(-62_135_596_800, 0))
+        .unwrap_or(now)
 }
 
 fn add(report: &mut PruneReport, state: &str, n: u64) {
@@ -312,5 +312,25 @@ fn add(report: &mut PruneReport, state: &str, n: u64) {
         "done" => report.done += n,
         "failed" => report.failed += n,
         _ => report.cancelled += n,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retention_too_long_to_subtract_keeps_everything() {
+        let now = Utc::now();
+        let first = DateTime::from_timestamp(-62_135_596_800, 0).unwrap();
+        assert_eq!(cutoff(now, Duration::MAX), first);
+        assert_eq!(
+            cutoff(now, Duration::from_secs(200_000_000 * 86_400)),
+            first
+        );
+        assert_eq!(
+            cutoff(now, Duration::from_secs(60)),
+            now - chrono::Duration::seconds(60)
+        );
     }
 }

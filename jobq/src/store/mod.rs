@@ -1,10 +1,10 @@
 //! Every SQL statement jobq issues, one function each, named `noun_verb`.
 //!
 //! No other module of jobq issues SQL (`notify` only LISTENs, through sqlx's
-//! `PgListener`); `jobq-testing`'s statements are here too, in `testing`. Functions take the narrowest
-//! executor they need (`&mut PgConnection` or `&PgPool`), never commit a transaction they
-//! did not open, and take "now" as a parameter (`coalesce($n, now())`) where the clock
-//! matters, so tests can move time without sleeping. `None` means the database's clock.
+//! `PgListener`); `jobq-testing`'s statements are here too, in `testing`. Functions take
+//! the narrowest executor they need (`&mut PgConnection` or `&PgPool`), never commit a
+//! transaction they did not open, and take "now" as a parameter (`coalesce($n, now())`)
+//! where the clock matters, so tests can move time without sleeping. `None` means the database's clock.
 
 /// SQL naming the database a statement runs in: its name and the start time of its
 /// server, so that two servers with a database of the same name are told apart. The time
