@@ -85,6 +85,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "outbox_publish",
         sql: include_str!("../migrations/0012_outbox_publish.sql"),
     },
+    Migration {
+        version: 13,
+        name: "outbox_lean",
+        sql: include_str!("../migrations/0013_outbox_lean.sql"),
+    },
 ];
 
 /// Applies every migration not yet applied, in one transaction.

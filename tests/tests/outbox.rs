@@ -1045,6 +1045,9 @@ async fn bad_events_through_the_sql_function_get_a_classified_error() -> anyhow:
         (r#"{"payload":1}"#.to_owned(), "invalid_event"),
         (r#"{"type":"t"}"#.to_owned(), "invalid_event"),
         (r#"{"type":"t","payload":1,"id":"nope"}"#.to_owned(), "invalid_event"),
+        (r#"{"type":"t","payload":1,"id":"0190a5e8-0000-7000-8000-00000000000g"}"#.to_owned(), "invalid_event"),
+        // 32 digits would read as a UUID; an id must be a JSON string.
+        (r#"{"type":"t","payload":1,"id":12345678123456781234567812345678}"#.to_owned(), "invalid_event"),
         (r#"{"type":"t","payload":1,"aggregate_type":"order"}"#.to_owned(), "invalid_event"),
         (
             r#"{"type":"t","payload":1,"aggregate_type":"o","aggregate_id":"1","aggregate_version":1.5}"#
@@ -1068,9 +1071,30 @@ async fn bad_events_through_the_sql_function_get_a_classified_error() -> anyhow:
         assert_eq!(classified.code(), *code, "{json}: {classified}");
         tx.rollback().await?;
     }
-    // Other database errors are not the function's.
+    // Other database errors are not the function's, not even a bad UUID elsewhere.
     let err = sqlx::query("SELECT 1/0").execute(&pool).await.unwrap_err();
     assert!(outbox::rejection(&err).is_none());
+    let err = sqlx::query("SELECT 'nope'::uuid")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert!(outbox::rejection(&err).is_none());
+    // A row written straight into the table keeps the table's rules (migration 0013
+    // moved the event type's to a domain).
+    for event_type in ["", &"x".repeat(201)] {
+        let err = sqlx::query(
+            "INSERT INTO jobq.outbox (id, event_type, agg_key, payload)
+             VALUES (gen_random_uuid(), $1, 'k', '1')",
+        )
+        .bind(event_type)
+        .execute(&pool)
+        .await
+        .unwrap_err();
+        let code = err
+            .as_database_error()
+            .and_then(|e| e.code().map(|c| c.into_owned()));
+        assert_eq!(code.as_deref(), Some("23514"), "{err}");
+    }
 
     // A hand-written event without an id gets a UUIDv7; versions and ids may be numbers.
     let id: Uuid = sqlx::query_scalar(

@@ -96,10 +96,21 @@ fn classify_publish(e: sqlx::Error) -> Error {
 }
 
 /// The classified error when `jobq.publish` rejected an event: SQLSTATE 22023 from
-/// schema `jobq`, with the code as the constraint name.
+/// schema `jobq`, with the code as the constraint name; or an event id that is not a
+/// UUID, which the function leaves to uuid's own input check (SQLSTATE 22P02 raised in
+/// `jobq.publish`, migration 0013).
 pub(crate) fn publish_rejection(err: &sqlx::Error) -> Option<Error> {
     let db = err.as_database_error()?;
     let pg = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?;
+    if pg.code() == "22P02" && pg.r#where()?.contains("function jobq.publish(jsonb)") {
+        return Some(Error::invalid(
+            "invalid_event",
+            format!(
+                "jobq.publish: invalid_event: event id is not a UUID: {}",
+                pg.message()
+            ),
+        ));
+    }
     if pg.code() != "22023" || pg.schema() != Some("jobq") {
         return None;
     }
