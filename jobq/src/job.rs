@@ -600,8 +600,22 @@ async fn insert(
     if let Some(db) = db {
         WAKE_UPS.inserted(&queues, &recent, &db, Instant::now());
     }
+    // One counter update per run of jobs with the same kind and queue (a labelled
+    // counter costs a lookup per update; a batch is usually one kind and one queue).
+    let mut run: Option<(&str, &str, u64)> = None;
     for (job, _) in jobs.iter().zip(&done).filter(|(_, e)| !e.duplicate) {
-        crate::metrics::enqueued(&job.kind, &job.queue, 1);
+        match &mut run {
+            Some((kind, queue, n)) if *kind == job.kind && *queue == job.queue => *n += 1,
+            _ => {
+                if let Some((kind, queue, n)) = run {
+                    crate::metrics::enqueued(kind, queue, n);
+                }
+                run = Some((&job.kind, &job.queue, 1));
+            }
+        }
+    }
+    if let Some((kind, queue, n)) = run {
+        crate::metrics::enqueued(kind, queue, n);
     }
     Ok(done)
 }

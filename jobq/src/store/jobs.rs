@@ -151,8 +151,11 @@ struct Columns<'a> {
     payloads: Vec<&'a str>,
     priorities: Vec<i16>,
     max_attempts: Vec<i32>,
-    run_afters: Vec<Option<DateTime<Utc>>>,
-    delays: Vec<Option<f64>>,
+    /// `None` when no job has one: a multi-argument `unnest` pads a NULL array with
+    /// NULLs, so the usual batch sends no column of NULLs.
+    run_afters: Option<Vec<Option<DateTime<Utc>>>>,
+    /// As `run_afters`.
+    delays: Option<Vec<Option<f64>>>,
     keys: Vec<Option<&'a str>>,
 }
 
@@ -164,8 +167,14 @@ impl<'a> Columns<'a> {
             payloads: jobs.iter().map(|j| j.payload.as_str()).collect(),
             priorities: jobs.iter().map(|j| j.priority).collect(),
             max_attempts: jobs.iter().map(|j| j.max_attempts).collect(),
-            run_afters: jobs.iter().map(|j| j.run_after).collect(),
-            delays: jobs.iter().map(|j| j.delay_secs).collect(),
+            run_afters: jobs
+                .iter()
+                .any(|j| j.run_after.is_some())
+                .then(|| jobs.iter().map(|j| j.run_after).collect()),
+            delays: jobs
+                .iter()
+                .any(|j| j.delay_secs.is_some())
+                .then(|| jobs.iter().map(|j| j.delay_secs).collect()),
             keys: jobs.iter().map(|j| j.idempotency_key.as_deref()).collect(),
         }
     }
@@ -246,10 +255,12 @@ pub(crate) async fn job_insert_many_unordered(
                 (id, kind, queue, payload, priority, max_attempts, run_after, idempotency_key,
                  state)
             SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts, at,
-                   idempotency_key, "#, state_sql!("at"), r#"
+                   idempotency_key, "#,
+            state_sql!("at"),
+            r#"
             FROM input,
-                 LATERAL (SELECT coalesce(run_after,
-                                          now() + make_interval(secs => coalesce(delay, 0))) AS at) t
+                 LATERAL (SELECT coalesce(run_after, CASE WHEN delay IS NULL THEN now()
+                                          ELSE now() + make_interval(secs => delay) END) AS at) t
             ORDER BY ord
             ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING id, kind, idempotency_key
@@ -313,8 +324,8 @@ pub(crate) async fn job_insert_many_unordered(
 
 /// `job_insert_many` for a batch in which no job has an idempotency key, the common
 /// bulk case: no conflict is possible, so the statement is a plain `INSERT … SELECT FROM
-/// unnest(…)` with ids drawn up front, and returns them in input order, without the
-/// general statement's per-row duplicate lookups.
+/// unnest(…)` with ids drawn up front, and returns them in input order as one array in
+/// one row, without the general statement's per-row duplicate lookups.
 async fn job_insert_many_unkeyed(
     conn: &mut PgConnection,
     jobs: &[NewJob],
@@ -322,7 +333,7 @@ async fn job_insert_many_unkeyed(
 ) -> Result<(Vec<Enqueued>, Db), Error> {
     let n = jobs.len();
     let c = Columns::of(jobs);
-    let rows = bind_columns(
+    let row = bind_columns(
         sqlx::query(concat!(
             r#"
         WITH input AS (
@@ -336,31 +347,28 @@ async fn job_insert_many_unkeyed(
             INSERT INTO jobq.jobs
                 (id, kind, queue, payload, priority, max_attempts, run_after, state)
             SELECT new_id, kind, queue, payload::jsonb, priority, max_attempts, at,
-                   "#, state_sql!("at"), r#"
-            FROM input,
-                 LATERAL (SELECT coalesce(run_after,
-                                          now() + make_interval(secs => coalesce(delay, 0))) AS at) t
-            RETURNING id
-        )
-        SELECT i.new_id,
-               "#,
-            wake_columns_sql!("$8", "$9"),
+                   "#,
+            state_sql!("at"),
             r#"
-        FROM input i
-        ORDER BY i.ord
-        "#
+            FROM input,
+                 LATERAL (SELECT coalesce(run_after, CASE WHEN delay IS NULL THEN now()
+                                          ELSE now() + make_interval(secs => delay) END) AS at) t
+        )
+        SELECT (SELECT array_agg(new_id ORDER BY ord) FROM input) AS ids,
+               "#,
+            wake_sql!("$8", "$9"),
+            " AS woke, ",
+            database_sql!(),
+            " AS db"
         )),
         &c,
     )
     .bind(wake.queues)
     .bind(wake.recent)
-    .fetch_all(&mut *conn)
+    .fetch_one(&mut *conn)
     .await?;
-    let db = db_of(&rows)?;
-    let ids = rows
-        .iter()
-        .map(|r| r.try_get::<i64, _>("new_id"))
-        .collect::<Result<Vec<_>, _>>()?;
+    let db: Db = row.try_get("db")?;
+    let ids: Vec<i64> = row.try_get("ids")?;
     if ids.len() != n {
         return Err(Error::invalid(
             "insert_count_mismatch",
