@@ -246,6 +246,7 @@ pub(crate) async fn run_claimed(
         let cancel = tokio_util::sync::CancellationToken::new();
         let lost = tokio_util::sync::CancellationToken::new();
         let interrupt = tokio_util::sync::CancellationToken::new();
+        let settled = tokio_util::sync::CancellationToken::new();
         env.running.insert(
             job.id,
             super::lease::Running {
@@ -255,6 +256,7 @@ pub(crate) async fn run_claimed(
                 cancel: cancel.clone(),
                 lost: lost.clone(),
                 interrupt: interrupt.clone(),
+                settled: settled.clone(),
             },
         );
         let ctx = attempt_context(&env.config, &job, cancel.clone(), deadline);
@@ -316,6 +318,7 @@ pub(crate) async fn run_claimed(
                 drop(slot.take());
                 drop(held.take());
             }
+            settled.cancel();
             let written = env.completer.write(write).await;
             if let Some(super::completer::Written::Applied(Some(state))) = &written {
                 let secs = claim_sent.elapsed().as_secs_f64();

@@ -34,6 +34,9 @@ pub(crate) struct Running {
     pub(crate) lost: CancellationToken,
     /// Fired at the shutdown deadline: the executor drops the future and hands back.
     pub(crate) interrupt: CancellationToken,
+    /// Fired when the attempt's outcome goes to the completer. A lease found ended after
+    /// that is the outcome's own write (or a fence the completer reports), not a loss.
+    pub(crate) settled: CancellationToken,
 }
 
 /// The attempts in flight, by job id.
@@ -150,10 +153,13 @@ async fn heartbeat(pool: PgPool, running: RunningSet, interval: Duration, stop: 
     }
 }
 
-async fn beat(pool: &PgPool, running: &RunningSet) {
+/// One renewal of every running attempt's lease. Returns how many attempts it found had
+/// lost their lease (and dropped); an attempt whose outcome was already on its way is
+/// not one of them.
+async fn beat(pool: &PgPool, running: &RunningSet) -> usize {
     let attempts = running.snapshot();
     if attempts.is_empty() {
-        return;
+        return 0;
     }
     let renewals: Vec<LeaseRenewal> = attempts
         .iter()
@@ -174,9 +180,10 @@ async fn beat(pool: &PgPool, running: &RunningSet) {
         Err(e) => {
             // The watchdogs drop attempts whose local deadline passes meanwhile.
             warn!(error = %e, running = attempts.len(), "heartbeat failed; leases not extended");
-            return;
+            return 0;
         }
     };
+    let mut lost = 0;
     for ((id, r), status) in attempts.iter().zip(statuses) {
         match status {
             LeaseStatus::Extended { cancel_requested } => {
@@ -195,6 +202,15 @@ async fn beat(pool: &PgPool, running: &RunningSet) {
                 }
             }
             LeaseStatus::Busy => {}
+            // Completed (or handed back) between the snapshot and the renewal: under
+            // load, many attempts of each beat.
+            LeaseStatus::Lost if r.settled.is_cancelled() => {
+                debug!(
+                    job.id = id,
+                    job.fence = r.fence,
+                    "lease ended by the attempt's outcome"
+                );
+            }
             LeaseStatus::Lost => {
                 warn!(
                     job.id = id,
@@ -202,9 +218,11 @@ async fn beat(pool: &PgPool, running: &RunningSet) {
                     "lease lost: the job was rescued or changed elsewhere; dropping this attempt"
                 );
                 r.lost.cancel();
+                lost += 1;
             }
         }
     }
+    lost
 }
 
 /// Resolves when the attempt must stop: its lease was reported lost, or its local
@@ -228,5 +246,48 @@ pub(crate) async fn watchdog(mut deadline: watch::Receiver<Instant>, lost: Cance
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(fence: i64) -> Running {
+        Running {
+            fence,
+            lease: Duration::from_secs(60),
+            deadline: Arc::new(watch::channel(Instant::now() + Duration::from_secs(60)).0),
+            cancel: CancellationToken::new(),
+            lost: CancellationToken::new(),
+            interrupt: CancellationToken::new(),
+            settled: CancellationToken::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_job_completed_during_a_beat_is_not_a_lost_lease() {
+        let db = jobq_testing::TestDatabase::new().await.unwrap();
+        // Attempt 1's outcome is committed: the row is `done`, the executor has not yet
+        // taken the attempt out of the running set.
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO jobq.jobs (kind, payload, state, attempts, lease_gen, finished_at)
+             VALUES ('k', '{}', 'done', 1, 1, now()) RETURNING id",
+        )
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+        let set = RunningSet::default();
+        let r = running(1);
+        r.settled.cancel();
+        set.insert(id, r.clone());
+        assert_eq!(beat(db.pool(), &set).await, 0);
+        assert!(!r.lost.is_cancelled());
+        // The same row under an attempt whose outcome was never sent: that lease is lost.
+        let r = running(1);
+        set.insert(id, r.clone());
+        assert_eq!(beat(db.pool(), &set).await, 1);
+        assert!(r.lost.is_cancelled());
+        db.close().await;
     }
 }
