@@ -1240,6 +1240,13 @@ async fn old_inbox_rows_are_pruned_and_stale_versions_stay_rejected() -> anyhow:
     assert_eq!(pruner.dry_run(None).await?.inbox, 7);
     let report = pruner.run_once().await?;
     assert_eq!(report.inbox, 7, "in batches of 3: 3, 3, 1");
+    // A pass that deleted only inbox rows is audited, with its count.
+    let audited: Vec<serde_json::Value> =
+        sqlx::query_scalar("SELECT detail FROM jobq.job_audit WHERE action = 'prune' ORDER BY id")
+            .fetch_all(&pool)
+            .await?;
+    assert_eq!(audited.len(), 1, "{audited:?}");
+    assert_eq!(audited[0]["inbox"], 7, "{audited:?}");
     let left: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM jobq.inbox")
         .fetch_all(&pool)
         .await?;

@@ -212,13 +212,7 @@ impl Pruner {
                 let n = store::job_prune_batch(&mut tx, &p, batch).await?;
                 report.batches += 1;
                 add(&mut report, rule.state, n);
-                if n > 0 {
-                    let detail = serde_json::to_value(report).unwrap_or_default();
-                    let row =
-                        store::audit_prune_pass(&mut tx, audit_row, &self.config.actor, &detail)
-                            .await?;
-                    audit_row = Some(row);
-                }
+                self.audit(&mut tx, &mut audit_row, n, &report).await?;
                 tx.commit().await?;
                 if n < u64::try_from(batch).unwrap_or(u64::MAX) {
                     break;
@@ -227,14 +221,34 @@ impl Pruner {
         }
         let inbox_before = cutoff(now, self.config.inbox_after);
         loop {
-            let n = store::inbox_prune_batch(&self.pool, inbox_before, batch).await?;
+            let mut tx = self.pool.begin().await?;
+            let n = store::inbox_prune_batch(&mut tx, inbox_before, batch).await?;
             report.batches += 1;
             report.inbox += n;
+            self.audit(&mut tx, &mut audit_row, n, &report).await?;
+            tx.commit().await?;
             if n < u64::try_from(batch).unwrap_or(u64::MAX) {
                 break;
             }
         }
         Ok(report)
+    }
+
+    /// After a batch that deleted `n` rows, in its transaction: writes the pass's audit
+    /// row with the counts so far (`report`), or brings it up to date.
+    async fn audit(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        audit_row: &mut Option<i64>,
+        n: u64,
+        report: &PruneReport,
+    ) -> Result<(), Error> {
+        if n > 0 {
+            let detail = serde_json::to_value(report).unwrap_or_default();
+            let row = store::audit_prune_pass(tx, *audit_row, &self.config.actor, &detail).await?;
+            *audit_row = Some(row);
+        }
+        Ok(())
     }
 
     /// Counts what a pass at `now` would delete; deletes nothing.

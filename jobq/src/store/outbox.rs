@@ -490,7 +490,7 @@ pub(crate) async fn outbox_replay(
 /// aggregates' last applied versions (`jobq.inbox_aggregates`) stay: they are what makes
 /// a stale delivery stale. Returns how many rows it deleted.
 pub(crate) async fn inbox_prune_batch(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     before: DateTime<Utc>,
     batch: i64,
 ) -> Result<u64, Error> {
@@ -504,7 +504,7 @@ pub(crate) async fn inbox_prune_batch(
     )
     .bind(before)
     .bind(batch)
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
     Ok(deleted.rows_affected())
 }
