@@ -316,7 +316,11 @@ impl LimitCache {
     /// The limits in force if they were read within the poll interval; `None` when
     /// [`LimitCache::get`] must read them.
     pub(crate) async fn fresh(&self) -> Option<Arc<Effective>> {
-        let state = self.state.lock().await;
+        self.unexpired(&*self.state.lock().await)
+    }
+
+    /// The limits in `state` if read within the poll interval.
+    fn unexpired(&self, state: &Option<(Instant, Arc<Effective>)>) -> Option<Arc<Effective>> {
         state
             .as_ref()
             .filter(|(at, _)| at.elapsed() < self.max_age)
@@ -331,10 +335,8 @@ impl LimitCache {
         now: Option<DateTime<Utc>>,
     ) -> Result<Arc<Effective>, Error> {
         let mut state = self.state.lock().await;
-        if let Some((at, e)) = state.as_ref()
-            && at.elapsed() < self.max_age
-        {
-            return Ok(e.clone());
+        if let Some(e) = self.unexpired(&state) {
+            return Ok(e);
         }
         if state.is_none() {
             store::limits_seed(conn, &self.code, &self.kinds, &self.queues).await?;

@@ -813,9 +813,10 @@ pub(crate) async fn claim_kind_wide(
 /// through the partial lease index (as many rows as run, whatever the table holds), the
 /// kind-wide buckets, and up to a window of due jobs per kind in claim order (`FOR UPDATE
 /// SKIP LOCKED`, one probe of the claim index per kind, as `job_claim`): the claim's size
-/// within the queue's limit, fewer for the free slots and tokens of kind-wide limits. Each candidate comes with the running
-/// count of its concurrency key (`per_key_kinds`) and its bucket (per rate key for
-/// `key_bucket_kinds`). No candidates when the queue is paused.
+/// within the queue's limit, fewer for the free slots and tokens of kind-wide limits.
+/// Each candidate comes with the running count of its concurrency key (`per_key_kinds`)
+/// and its bucket (per rate key for `key_bucket_kinds`). No candidates when the queue is
+/// paused.
 pub(crate) async fn claim_candidates(
     conn: &mut PgConnection,
     p: &CandidateParams<'_>,

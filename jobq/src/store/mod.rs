@@ -4,7 +4,8 @@
 //! `PgListener`); `jobq-testing`'s statements are here too, in `testing`. Functions take
 //! the narrowest executor they need (`&mut PgConnection` or `&PgPool`), never commit a
 //! transaction they did not open, and take "now" as a parameter (`coalesce($n, now())`)
-//! where the clock matters, so tests can move time without sleeping. `None` means the database's clock.
+//! where the clock matters, so tests can move time without sleeping. `None` means the
+//! database's clock.
 
 /// SQL naming the database a statement runs in: its name and the start time of its
 /// server, so that two servers with a database of the same name are told apart. The time
