@@ -128,12 +128,12 @@ impl Event {
         &self.event_type
     }
 
-    fn validate(self) -> Result<EventParam, Error> {
+    pub(crate) fn validate(self) -> Result<store::NewEvent, Error> {
         let bad = |message: String| Error::invalid("invalid_event", message);
         let t = &self.event_type;
-        if t.trim().is_empty() || t.len() > MAX_EVENT_TYPE_LEN {
+        if t.trim().is_empty() || t.len() > MAX_EVENT_TYPE_LEN || t.contains('\0') {
             return Err(bad(format!(
-                "event type must be 1 to {MAX_EVENT_TYPE_LEN} bytes and not blank, got {:?}",
+                "event type must be 1 to {MAX_EVENT_TYPE_LEN} bytes, not blank, without NUL, got {:?}",
                 t
             )));
         }
@@ -161,10 +161,15 @@ impl Event {
             ));
         }
         if let Some((kind, id, _)) = &self.aggregate
-            && (kind.is_empty() || id.is_empty() || kind.len() > 200 || id.len() > 500)
+            && (kind.is_empty()
+                || id.is_empty()
+                || kind.len() > 200
+                || id.len() > 500
+                || kind.contains('\0')
+                || id.contains('\0'))
         {
             return Err(bad(format!(
-                "aggregate type (1 to 200 bytes) and id (1 to 500 bytes) must not be empty, got {kind:?} {id:?}"
+                "aggregate type (1 to 200 bytes) and id (1 to 500 bytes) must not be empty or hold NUL, got {kind:?} {id:?}"
             )));
         }
         for (k, v) in &self.headers {
@@ -172,45 +177,33 @@ impl Event {
                 && k.bytes().all(|b| b.is_ascii_graphic() && b != b':')
                 && !k.to_ascii_lowercase().starts_with("jobq-")
                 && !k.eq_ignore_ascii_case("nats-msg-id");
-            if !name_ok || v.contains(['\r', '\n']) {
+            if !name_ok || v.contains(['\r', '\n', '\0']) {
                 return Err(bad(format!(
-                    "header {k:?} is not allowed: names are visible ASCII without ':', not `Jobq-*` or `Nats-Msg-Id`; values have no line breaks"
+                    "header {k:?} is not allowed: names are visible ASCII without ':', not `Jobq-*` or `Nats-Msg-Id`; values have no line breaks or NUL"
                 )));
             }
         }
-        let payload = serde_json::value::RawValue::from_string(payload)
-            .map_err(|e| bad(format!("payload of event `{t}` is not JSON: {e}")))?;
-        let (aggregate_type, aggregate_id, aggregate_version) = match &self.aggregate {
-            Some((k, i, v)) => (Some(k.as_str()), Some(i.as_str()), *v),
+        let headers = if self.headers.is_empty() {
+            None
+        } else {
+            Some(
+                serde_json::to_string(&self.headers)
+                    .map_err(|e| bad(format!("headers of event `{t}`: {e}")))?,
+            )
+        };
+        let (aggregate_type, aggregate_id, aggregate_version) = match self.aggregate {
+            Some((k, i, v)) => (Some(k), Some(i), v),
             None => (None, None, None),
         };
-        // The object `jobq.publish(event jsonb)` reads (migration 0012).
-        #[derive(Serialize)]
-        struct Wire<'a> {
-            id: Uuid,
-            #[serde(rename = "type")]
-            event_type: &'a str,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            aggregate_type: Option<&'a str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            aggregate_id: Option<&'a str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            aggregate_version: Option<i64>,
-            payload: &'a serde_json::value::RawValue,
-            #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-            headers: &'a BTreeMap<String, String>,
-        }
-        let json = serde_json::to_string(&Wire {
+        Ok(store::NewEvent {
             id: self.id,
-            event_type: t,
+            event_type: self.event_type,
             aggregate_type,
             aggregate_id,
             aggregate_version,
-            payload: &payload,
-            headers: &self.headers,
+            payload,
+            headers,
         })
-        .map_err(|e| bad(format!("event `{t}` could not be serialized: {e}")))?;
-        Ok(EventParam::new(self.id, json))
     }
 }
 
@@ -234,16 +227,17 @@ impl Event {
 /// # Ok(()) }
 /// ```
 ///
-/// The row is the one [`publish`] writes (both go through `jobq.publish`), with the same
-/// trace headers. The event exists only if the statement returns a row for it and the
-/// transaction commits: an `UPDATE … RETURNING` that matches no row publishes nothing.
+/// The row is the one [`publish`] writes (with a plain `INSERT` of the same columns),
+/// with the same trace headers. The event exists only if the statement returns a row for
+/// it and the transaction commits: an `UPDATE … RETURNING` that matches no row publishes
+/// nothing.
 ///
 /// # Errors
 ///
 /// [`Error::Invalid`], as [`publish`]. `jobq.publish` checks the same rules again for
 /// events written by hand in SQL; [`rejection`] classifies its errors.
 pub fn param(event: &Event) -> Result<EventParam, Error> {
-    event.clone().validate()
+    Ok(event.clone().validate()?.to_param())
 }
 
 /// The classified error behind `err` when `jobq.publish` rejected an event (SQLSTATE
@@ -331,9 +325,8 @@ pub async fn publish<'c>(
     event: impl IntoEvent,
 ) -> Result<Uuid, Error> {
     let e = event.into_event().validate()?;
-    let id = e.id();
-    store::outbox_publish(conn.into().0, &e).await?;
-    Ok(id)
+    store::outbox_insert(conn.into().0, std::slice::from_ref(&e)).await?;
+    Ok(e.id)
 }
 
 /// Writes every event in one statement, in order, in the caller's transaction. Returns
@@ -351,8 +344,8 @@ where
         .into_iter()
         .map(|e| e.into_event().validate())
         .collect::<Result<Vec<_>, _>>()?;
-    let ids = rows.iter().map(|r| r.id()).collect();
-    store::outbox_publish_many(conn.into().0, &rows).await?;
+    let ids = rows.iter().map(|r| r.id).collect();
+    store::outbox_insert(conn.into().0, &rows).await?;
     Ok(ids)
 }
 

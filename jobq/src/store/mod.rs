@@ -70,6 +70,41 @@ macro_rules! state_sql {
     };
 }
 
+/// An `INSERT` of one `jobq.outbox` row from seven parameters: id (uuid), event type,
+/// aggregate type, aggregate id, aggregate version (int8), payload (JSON text) and
+/// headers (JSON text, NULL for none), as [`NewEvent::bind`] binds them. The same row
+/// `jobq.publish` writes; `outbox_insert` sends it alone, and an enqueue that carries an
+/// event puts it in a CTE of its own statement.
+macro_rules! outbox_row_sql {
+    ($id:literal, $type:literal, $at:literal, $ai:literal, $av:literal, $payload:literal,
+     $headers:literal) => {
+        concat!(
+            "INSERT INTO jobq.outbox (id, event_type, aggregate_type, aggregate_id, ",
+            "aggregate_version, agg_key, payload, headers) VALUES (",
+            $id,
+            "::uuid, ",
+            $type,
+            "::text, ",
+            $at,
+            "::text, ",
+            $ai,
+            "::text, ",
+            $av,
+            "::int8, coalesce(",
+            $at,
+            " || ':' || ",
+            $ai,
+            ", 'event:' || ",
+            $id,
+            "::text), ",
+            $payload,
+            "::text::jsonb, coalesce(",
+            $headers,
+            "::text::jsonb, '{}'))"
+        )
+    };
+}
+
 /// The `SET` of a claim's `UPDATE jobq.jobs j`: running, one more attempt, a new lease
 /// generation, the lease of the kind (`s.lease`, from the `served` CTE), the worker and
 /// the clock at the given parameters. Every claim (`job_claim`, `claim_apply`,

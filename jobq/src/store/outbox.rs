@@ -16,6 +16,71 @@ use crate::error::Error;
 /// two-key form of `pg_try_advisory_lock`).
 const RELAY_LOCK_NS: i32 = 0x6f75_7462;
 
+/// An event validated in Rust (`Event::validate`): the columns of its `jobq.outbox` row,
+/// written by a plain `INSERT` ([`outbox_insert`], or the enqueue statement it rides, see
+/// [`outbox_row_sql!`]) rather than through `jobq.publish`, whose PL/pgSQL call costs
+/// about as much on the server as the row itself.
+#[derive(Debug, Clone)]
+pub(crate) struct NewEvent {
+    pub(crate) id: Uuid,
+    pub(crate) event_type: String,
+    pub(crate) aggregate_type: Option<String>,
+    pub(crate) aggregate_id: Option<String>,
+    pub(crate) aggregate_version: Option<i64>,
+    /// JSON text.
+    pub(crate) payload: String,
+    /// A JSON object of strings, or `None` for no headers.
+    pub(crate) headers: Option<String>,
+}
+
+impl NewEvent {
+    /// The object `jobq.publish(event jsonb)` reads (migration 0012), for the callers
+    /// who write the event in a statement of their own ([`param`](crate::outbox::param)).
+    pub(crate) fn to_param(&self) -> EventParam {
+        // The payload and headers are JSON text already; the rest is escaped by serde.
+        let mut json = String::with_capacity(self.payload.len() + 160);
+        json.push_str("{\"id\":\"");
+        json.push_str(&self.id.to_string());
+        json.push_str("\",\"type\":");
+        json.push_str(&json_string(&self.event_type));
+        if let (Some(kind), Some(id)) = (&self.aggregate_type, &self.aggregate_id) {
+            json.push_str(",\"aggregate_type\":");
+            json.push_str(&json_string(kind));
+            json.push_str(",\"aggregate_id\":");
+            json.push_str(&json_string(id));
+        }
+        if let Some(version) = self.aggregate_version {
+            json.push_str(",\"aggregate_version\":");
+            json.push_str(&version.to_string());
+        }
+        json.push_str(",\"payload\":");
+        json.push_str(&self.payload);
+        if let Some(headers) = &self.headers {
+            json.push_str(",\"headers\":");
+            json.push_str(headers);
+        }
+        json.push('}');
+        EventParam { id: self.id, json }
+    }
+
+    /// Binds the event as the seven parameters of [`outbox_row_sql!`], in its order.
+    pub(crate) fn bind<'q>(&'q self, q: PgQuery<'q>) -> PgQuery<'q> {
+        q.bind(self.id)
+            .bind(&self.event_type)
+            .bind(&self.aggregate_type)
+            .bind(&self.aggregate_id)
+            .bind(self.aggregate_version)
+            .bind(&self.payload)
+            .bind(&self.headers)
+    }
+}
+
+fn json_string(s: &str) -> String {
+    serde_json::Value::String(s.to_owned()).to_string()
+}
+
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
 /// An event validated and serialized for `jobq.publish(event jsonb)`, the SQL function
 /// that writes an outbox row (see [`param`](crate::outbox::param)). Binds as `jsonb`.
 #[derive(Debug, Clone)]
@@ -25,11 +90,6 @@ pub struct EventParam {
 }
 
 impl EventParam {
-    /// `json` is the object `jobq.publish` reads; `id` its `id` field.
-    pub(crate) fn new(id: Uuid, json: String) -> EventParam {
-        EventParam { id, json }
-    }
-
     /// The event's id: what `jobq.publish` returns for it.
     pub fn id(&self) -> Uuid {
         self.id
@@ -60,39 +120,58 @@ impl sqlx::Encode<'_, sqlx::Postgres> for EventParam {
     }
 }
 
-/// Writes one event through `jobq.publish`, on the caller's connection (and transaction).
-pub(crate) async fn outbox_publish(
+/// Writes `events` to `jobq.outbox`, in order, in one statement on the caller's
+/// connection (and transaction).
+pub(crate) async fn outbox_insert(
     conn: &mut PgConnection,
-    event: &EventParam,
+    events: &[NewEvent],
 ) -> Result<(), Error> {
-    sqlx::query("SELECT jobq.publish($1)")
-        .bind(event)
-        .execute(&mut *conn)
-        .await
-        .map_err(classify_publish)?;
-    Ok(())
-}
-
-/// Writes `events` through `jobq.publish` in one statement, in order.
-pub(crate) async fn outbox_publish_many(
-    conn: &mut PgConnection,
-    events: &[EventParam],
-) -> Result<(), Error> {
-    if events.is_empty() {
-        return Ok(());
+    match events {
+        [] => {}
+        [event] => {
+            event
+                .bind(sqlx::query(outbox_row_sql!(
+                    "$1", "$2", "$3", "$4", "$5", "$6", "$7"
+                )))
+                .execute(&mut *conn)
+                .await?;
+        }
+        _ => {
+            let column = |f: fn(&NewEvent) -> Option<&str>| -> Vec<Option<&str>> {
+                events.iter().map(f).collect()
+            };
+            sqlx::query(
+                r#"
+                INSERT INTO jobq.outbox
+                    (id, event_type, aggregate_type, aggregate_id, aggregate_version, agg_key,
+                     payload, headers)
+                SELECT id, event_type, aggregate_type, aggregate_id, aggregate_version,
+                       coalesce(aggregate_type || ':' || aggregate_id, 'event:' || id::text),
+                       payload::jsonb, coalesce(headers::jsonb, '{}')
+                FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[],
+                            $6::text[], $7::text[]) WITH ORDINALITY
+                     AS t(id, event_type, aggregate_type, aggregate_id, aggregate_version,
+                          payload, headers, n)
+                ORDER BY n
+                "#,
+            )
+            .bind(events.iter().map(|e| e.id).collect::<Vec<_>>())
+            .bind(column(|e| Some(&e.event_type)))
+            .bind(column(|e| e.aggregate_type.as_deref()))
+            .bind(column(|e| e.aggregate_id.as_deref()))
+            .bind(
+                events
+                    .iter()
+                    .map(|e| e.aggregate_version)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(column(|e| Some(&e.payload)))
+            .bind(column(|e| e.headers.as_deref()))
+            .execute(&mut *conn)
+            .await?;
+        }
     }
-    sqlx::query(
-        "SELECT jobq.publish(e) FROM unnest($1::jsonb[]) WITH ORDINALITY AS t(e, n) ORDER BY n",
-    )
-    .bind(events)
-    .execute(&mut *conn)
-    .await
-    .map_err(classify_publish)?;
     Ok(())
-}
-
-fn classify_publish(e: sqlx::Error) -> Error {
-    publish_rejection(&e).unwrap_or(Error::Database(e))
 }
 
 /// The classified error when `jobq.publish` rejected an event: SQLSTATE 22023 from
