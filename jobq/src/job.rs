@@ -228,16 +228,20 @@ pub trait Job: Send + Sync + 'static {
         I: IntoIterator<Item = EnqueueBuilder<Self>>,
         Self: Sized,
     {
+        let mut events = Vec::new();
         let mut prepared: Result<Vec<store::NewJob>, Error> = builders
             .into_iter()
-            .map(EnqueueBuilder::into_new_job)
+            .map(|mut b| {
+                events.extend(b.take_events()?);
+                b.into_new_job()
+            })
             .collect();
         let span = match &mut prepared {
             Ok(jobs) => crate::trace::enqueue_span(Self::KIND, jobs),
             Err(_) => tracing::Span::none(),
         };
         let conn = conn.into();
-        async move { insert(conn, &prepared?, true).await }.instrument(span)
+        async move { insert(conn, &prepared?, true, &events).await }.instrument(span)
     }
 }
 
@@ -261,6 +265,7 @@ pub struct EnqueueBuilder<J: Job> {
     deadline: Option<DateTime<Utc>>,
     concurrency_key: Option<String>,
     rate_key: Option<String>,
+    events: Vec<crate::outbox::Event>,
     _job: PhantomData<fn() -> J>,
 }
 
@@ -282,6 +287,14 @@ impl<J: Job> fmt::Debug for EnqueueBuilder<J> {
             .field("ordering_key", &self.ordering_key)
             .field("concurrency_key", &self.concurrency_key)
             .field("rate_key", &self.rate_key)
+            .field(
+                "events",
+                &self
+                    .events
+                    .iter()
+                    .map(|e| e.event_type())
+                    .collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -305,6 +318,7 @@ impl<J: Job> EnqueueBuilder<J> {
             deadline: None,
             concurrency_key: None,
             rate_key: None,
+            events: Vec::new(),
             _job: PhantomData,
         }
     }
@@ -410,16 +424,44 @@ impl<J: Job> EnqueueBuilder<J> {
         self
     }
 
-    /// Inserts the job through `conn`.
+    /// Writes `event` to the outbox (see [`crate::outbox`]) with the job: both exist
+    /// exactly when the enqueue's transaction commits, whether or not the job was a
+    /// duplicate. One event rides the job's own insert statement, so it costs no round
+    /// trip (jobs with an ordering key or uniqueness/time options, and more than one
+    /// event, take a statement per part inside a savepoint). Call it again for more
+    /// events; they are written in order.
+    ///
+    /// ```no_run
+    /// # #[jobq::job(kind = "send_invoice")]
+    /// # async fn send_invoice(_: u64) -> Result<(), jobq::JobError> { Ok(()) }
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), jobq::Error> {
+    /// use jobq::Job;
+    /// use jobq::outbox::Event;
+    ///
+    /// let mut tx = pool.begin().await?;
+    /// SendInvoice::with(42)
+    ///     .publish(Event::new("invoice_due", &42).aggregate("invoice", 42, 1))
+    ///     .enqueue(&mut tx)
+    ///     .await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn publish(mut self, event: impl crate::outbox::IntoEvent) -> Self {
+        self.events.push(event.into_event());
+        self
+    }
+
+    /// Inserts the job through `conn`, with the events of [`publish`](Self::publish).
     ///
     /// # Errors
     ///
-    /// As [`Job::enqueue`].
+    /// As [`Job::enqueue`]; for the events, as [`crate::outbox::publish`].
     pub fn enqueue<'c>(
-        self,
+        mut self,
         conn: impl Into<Conn<'c>>,
     ) -> impl Future<Output = Result<Enqueued, Error>> + Send {
         let wake = self.wake;
+        let events = self.take_events();
         let mut prepared = self.into_new_job();
         let span = match &mut prepared {
             Ok(job) => crate::trace::enqueue_span(J::KIND, std::slice::from_mut(job)),
@@ -427,7 +469,9 @@ impl<J: Job> EnqueueBuilder<J> {
         };
         let conn = conn.into();
         async move {
-            let mut done = insert(conn, std::slice::from_ref(&prepared?), wake).await?;
+            let job = prepared?;
+            let events = events?;
+            let mut done = insert(conn, std::slice::from_ref(&job), wake, &events).await?;
             Ok(done.remove(0))
         }
         .instrument(span)
@@ -445,6 +489,14 @@ impl<J: Job> EnqueueBuilder<J> {
             kind: J::KIND.to_owned(),
             source,
         })
+    }
+
+    /// The events of [`publish`](Self::publish), validated, leaving none behind.
+    fn take_events(&mut self) -> Result<Vec<store::NewEvent>, Error> {
+        std::mem::take(&mut self.events)
+            .into_iter()
+            .map(crate::outbox::Event::validate)
+            .collect()
     }
 
     /// Validates and serializes, without touching the database.
@@ -568,10 +620,12 @@ impl<J: Job> EnqueueBuilder<J> {
 /// Inserts `jobs` through `conn` (a connection of the caller's pool, checked out for the
 /// statement, or the caller's own connection) and, if `wake`, wakes the queues of the due
 /// ones in the same statement, less those notified lately (see [`crate::notify`]).
+/// `events` go to the outbox with a single job (see [`EnqueueBuilder::publish`]).
 async fn insert(
     conn: Conn<'_>,
     jobs: &[store::NewJob],
     wake: bool,
+    events: &[store::NewEvent],
 ) -> Result<Vec<Enqueued>, Error> {
     let queues = if wake {
         store::NewJob::due_queues(jobs)
@@ -592,10 +646,10 @@ async fn insert(
         ConnKind::Connection(conn) => conn,
     };
     let (done, db) = match jobs {
-        [job] => store::job_insert(conn, job, how)
+        [job] => store::job_insert(conn, job, how, events)
             .await
             .map(|(e, db)| (vec![e], db))?,
-        _ => store::job_insert_many(conn, jobs, how).await?,
+        _ => store::job_insert_batch(conn, jobs, how, events).await?,
     };
     if let Some(db) = db {
         WAKE_UPS.inserted(&queues, &recent, &db, Instant::now());

@@ -1368,3 +1368,180 @@ async fn one_relay_in_the_cluster_prunes_the_outbox() -> anyhow::Result<()> {
     finish(db, &js, &name).await;
     Ok(())
 }
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Paid {
+    order: i64,
+}
+
+#[jobq::job(kind = "outbox_invoice")]
+async fn outbox_invoice(_args: Paid) -> Result<(), jobq::JobError> {
+    Ok(())
+}
+
+#[jobq::job(kind = "outbox_keyed_invoice", idempotency = order)]
+async fn outbox_keyed_invoice(_args: Paid) -> Result<(), jobq::JobError> {
+    Ok(())
+}
+
+#[jobq::job(kind = "outbox_ordered_invoice", ordering = order)]
+async fn outbox_ordered_invoice(_args: Paid) -> Result<(), jobq::JobError> {
+    Ok(())
+}
+
+/// The event types in the outbox, in insertion order, and the number of jobs.
+async fn outbox_and_jobs(pool: &sqlx::PgPool) -> (Vec<String>, i64) {
+    let types = sqlx::query_scalar("SELECT event_type::text FROM jobq.outbox ORDER BY seq")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    let jobs = sqlx::query_scalar("SELECT count(*) FROM jobq.jobs")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    (types, jobs)
+}
+
+#[tokio::test]
+async fn an_event_rides_the_enqueue_and_stands_or_falls_with_the_job() -> anyhow::Result<()> {
+    use jobq::Job;
+    let db = TestDatabase::new().await?;
+    let pool = db.pool().clone();
+    let paid = |n: i64| Event::new(format!("paid_{n}"), &n).aggregate("order", n, 1);
+
+    // Rolled back: neither the job nor the event.
+    let mut tx = pool.begin().await?;
+    OutboxInvoice::with(Paid { order: 0 })
+        .publish(paid(0))
+        .enqueue(&mut tx)
+        .await?;
+    tx.rollback().await?;
+    assert_eq!(outbox_and_jobs(&pool).await, (vec![], 0));
+
+    // Committed, in the caller's transaction: the same row `publish` writes.
+    let ridden = paid(1).header("traceparent", "00-abc-def-01");
+    let mut tx = pool.begin().await?;
+    OutboxInvoice::with(Paid { order: 1 })
+        .publish(ridden.clone())
+        .enqueue(&mut tx)
+        .await?;
+    let plain = outbox::publish(&mut tx, paid(1).header("traceparent", "00-abc-def-01")).await?;
+    tx.commit().await?;
+    let (a, b) = (
+        outbox_row(&pool, ridden.id()).await.unwrap(),
+        outbox_row(&pool, plain).await.unwrap(),
+    );
+    assert_eq!(a, b, "the enqueue's event and publish's are the same row");
+    assert_eq!(a["agg_key"], "order:1");
+    assert_eq!(a["headers"]["traceparent"], "00-abc-def-01");
+
+    // On the pool (no transaction of the caller's), with no aggregate; a keyed job's
+    // duplicate still writes its event; an ordered job and two events take the savepoint
+    // path; so does a batch.
+    OutboxInvoice::with(Paid { order: 2 })
+        .publish(Event::new("loose", &2))
+        .enqueue(&pool)
+        .await?;
+    let first = OutboxKeyedInvoice::with(Paid { order: 3 })
+        .publish(paid(3))
+        .enqueue(&pool)
+        .await?;
+    let again = OutboxKeyedInvoice::with(Paid { order: 3 })
+        .publish(paid(4))
+        .enqueue(&pool)
+        .await?;
+    assert!(!first.duplicate && again.duplicate && first.id == again.id);
+    OutboxOrderedInvoice::with(Paid { order: 5 })
+        .publish(paid(5))
+        .enqueue(&pool)
+        .await?;
+    OutboxInvoice::with(Paid { order: 6 })
+        .publish(paid(6))
+        .publish(paid(7))
+        .enqueue(&pool)
+        .await?;
+    OutboxInvoice::enqueue_many_with(
+        &pool,
+        [
+            OutboxInvoice::with(Paid { order: 8 }).publish(paid(8)),
+            OutboxInvoice::with(Paid { order: 9 }),
+            OutboxInvoice::with(Paid { order: 10 }).publish(paid(10)),
+        ],
+    )
+    .await?;
+    let (types, jobs) = outbox_and_jobs(&pool).await;
+    assert_eq!(
+        types,
+        [
+            "paid_1", "paid_1", "loose", "paid_3", "paid_4", "paid_5", "paid_6", "paid_7",
+            "paid_8", "paid_10"
+        ]
+    );
+    assert_eq!(jobs, 8);
+    let loose: String =
+        sqlx::query_scalar("SELECT agg_key FROM jobq.outbox WHERE event_type::text = 'loose'")
+            .fetch_one(&pool)
+            .await?;
+    assert!(loose.starts_with("event:"), "{loose}");
+
+    // A bad event: classified, and the job is not written either.
+    let err = OutboxInvoice::with(Paid { order: 11 })
+        .publish(Event::new("", &11))
+        .enqueue(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "invalid_event");
+    let err = OutboxInvoice::with(Paid { order: 11 })
+        .publish(Event::new("ok", &11).header("tenant", "a\u{0}b"))
+        .enqueue(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "invalid_event");
+
+    // A job the database refuses takes its event with it, on every path: one statement,
+    // and the savepoint (on the pool, and inside a caller's transaction that goes on).
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF (NEW.payload->>'order')::int8 >= 100 THEN RAISE EXCEPTION 'refused'; END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse BEFORE INSERT ON jobq.jobs FOR EACH ROW EXECUTE FUNCTION refuse();",
+    )
+    .execute(&pool)
+    .await?;
+    assert!(
+        OutboxInvoice::with(Paid { order: 100 })
+            .publish(paid(100))
+            .enqueue(&pool)
+            .await
+            .is_err()
+    );
+    assert!(
+        OutboxOrderedInvoice::with(Paid { order: 101 })
+            .publish(paid(101))
+            .enqueue(&pool)
+            .await
+            .is_err()
+    );
+    let mut tx = pool.begin().await?;
+    assert!(
+        OutboxInvoice::with(Paid { order: 102 })
+            .publish(paid(102))
+            .publish(paid(103))
+            .enqueue(&mut tx)
+            .await
+            .is_err()
+    );
+    OutboxInvoice::with(Paid { order: 12 })
+        .publish(paid(12))
+        .enqueue(&mut tx)
+        .await?;
+    tx.commit().await?;
+    let (types, jobs) = outbox_and_jobs(&pool).await;
+    assert_eq!(types.len(), 11, "{types:?}");
+    assert_eq!(types.last().map(String::as_str), Some("paid_12"));
+    assert_eq!(jobs, 9);
+    db.close().await;
+    Ok(())
+}

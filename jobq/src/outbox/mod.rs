@@ -13,6 +13,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! An event that goes out with a job rides the job's insert statement:
+//! `SendInvoice::with(args).publish(event).enqueue(&mut tx)` (see
+//! [`EnqueueBuilder::publish`](crate::EnqueueBuilder::publish)).
+//!
 //! Guarantees: an event reaches the broker at least once after its transaction commits
 //! (the relay marks it published only after the broker's acknowledgement, and re-sends
 //! under the same message id otherwise); events of one aggregate reach it in version
@@ -230,7 +234,8 @@ impl Event {
 /// The row is the one [`publish`] writes (with a plain `INSERT` of the same columns),
 /// with the same trace headers. The event exists only if the statement returns a row for
 /// it and the transaction commits: an `UPDATE … RETURNING` that matches no row publishes
-/// nothing.
+/// nothing. An event that goes out with a job can ride the enqueue instead
+/// ([`EnqueueBuilder::publish`](crate::EnqueueBuilder::publish)), with no SQL to write.
 ///
 /// # Errors
 ///

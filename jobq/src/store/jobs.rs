@@ -3,33 +3,17 @@
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
-use super::{Db, ERROR_HISTORY_LEN, NewJob, Wake, truncate_message};
+use super::{Db, ERROR_HISTORY_LEN, NewEvent, NewJob, Wake, truncate_message};
 use crate::error::{Disposition, Error};
 use crate::ids::JobId;
 use crate::rows::Enqueued;
 
-/// Inserts one job, absorbing a duplicate idempotency key, and wakes producers as `wake`
-/// says if it inserted; returns the database it ran in (see [`Db`]).
-pub(crate) async fn job_insert(
-    conn: &mut PgConnection,
-    job: &NewJob,
-    wake: Wake<'_>,
-) -> Result<(Enqueued, Db), Error> {
-    if job.ordering.is_some() {
-        let (mut e, tx) = super::job_insert_ordered(conn, std::slice::from_ref(job), wake).await?;
-        return Ok((e.remove(0), tx));
-    }
-    if !job.is_plain() {
-        let (mut e, tx) = super::job_insert_timed(conn, std::slice::from_ref(job), wake).await?;
-        return Ok((e.remove(0), tx));
-    }
-    if job.idempotency_key.is_none() {
-        return job_insert_unkeyed(conn, job, wake).await;
-    }
-    let row = bind_job(
-        sqlx::query(concat!(
-            r#"
-        WITH ins AS (
+/// The keyed single insert, with `$event` (nothing, or the literals of a CTE and its
+/// trailing comma, each followed by a comma) before `ins`: absorbs a duplicate idempotency key by returning the existing row.
+macro_rules! keyed_insert_sql {
+    ($($event:tt)*) => {
+        concat!(
+            "WITH ", $($event)* r#"ins AS (
             INSERT INTO jobq.jobs
                 (kind, queue, payload, priority, max_attempts, run_after, idempotency_key, state)
             SELECT $1, $2, $3::text::jsonb, $4, $5, t.at, $8, "#,
@@ -50,12 +34,139 @@ pub(crate) async fn job_insert(
         WHERE $8::text IS NOT NULL AND j.kind = $1 AND j.idempotency_key = $8
           AND NOT EXISTS (SELECT 1 FROM ins)
         "#
+        )
+    };
+}
+
+/// The single insert of a job without an idempotency key, the common case: no conflict
+/// is possible, so a plain INSERT (the conflict handling and the lookup of an existing
+/// row cost about a tenth of single-enqueue throughput). `$event` as in
+/// [`keyed_insert_sql!`].
+macro_rules! unkeyed_insert_sql {
+    ($($event:tt)*) => {
+        concat!(
+            "WITH ", $($event)* r#"ins AS (
+            INSERT INTO jobq.jobs (kind, queue, payload, priority, max_attempts, run_after, state)
+            SELECT $1, $2, $3::text::jsonb, $4, $5, t.at, "#,
+            state_sql!("t.at"),
+            r#"
+            FROM (SELECT coalesce($6, now() + make_interval(secs => coalesce($7, 0))) AS at) t
+            RETURNING id
+        )
+        SELECT ins.id, "#,
+            wake_sql!("$8", "$9"),
+            " AS woke, ",
+            database_sql!(),
+            r#" AS db
+        FROM ins
+        "#
+        )
+    };
+}
+
+/// Inserts one job, absorbing a duplicate idempotency key, and wakes producers as `wake`
+/// says if it inserted; returns the database it ran in (see [`Db`]). `events` are
+/// written to `jobq.outbox` with it, duplicate or not: one event rides the job's own
+/// statement (a CTE) when the job needs only one; otherwise as [`job_insert_batch`].
+pub(crate) async fn job_insert(
+    conn: &mut PgConnection,
+    job: &NewJob,
+    wake: Wake<'_>,
+    events: &[NewEvent],
+) -> Result<(Enqueued, Db), Error> {
+    let one_statement = job.ordering.is_none() && job.is_plain();
+    match events {
+        [] if one_statement => job_insert_plain(conn, job, wake, None).await,
+        [] => job_insert_general(conn, job, wake).await,
+        [event] if one_statement => job_insert_plain(conn, job, wake, Some(event)).await,
+        _ => {
+            let (mut e, db) =
+                job_insert_batch(conn, std::slice::from_ref(job), wake, events).await?;
+            Ok((e.remove(0), db))
+        }
+    }
+}
+
+/// [`job_insert_many`] with `events` written to `jobq.outbox` before the jobs, both
+/// inside a savepoint (a transaction on a connection with none open), so they stand or
+/// fall together.
+pub(crate) async fn job_insert_batch(
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+    wake: Wake<'_>,
+    events: &[NewEvent],
+) -> Result<(Vec<Enqueued>, Db), Error> {
+    if events.is_empty() {
+        return job_insert_many(conn, jobs, wake).await;
+    }
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    super::outbox_insert(&mut tx, events).await?;
+    let done = job_insert_many(&mut tx, jobs, wake).await?;
+    tx.commit().await?;
+    Ok(done)
+}
+
+/// A job with an ordering key or options beyond the plain columns: the statements of
+/// `ordering.rs` and `unique.rs`.
+async fn job_insert_general(
+    conn: &mut PgConnection,
+    job: &NewJob,
+    wake: Wake<'_>,
+) -> Result<(Enqueued, Db), Error> {
+    let (mut e, db) = if job.ordering.is_some() {
+        super::job_insert_ordered(conn, std::slice::from_ref(job), wake).await?
+    } else {
+        super::job_insert_timed(conn, std::slice::from_ref(job), wake).await?
+    };
+    Ok((e.remove(0), db))
+}
+
+/// A job with only the plain columns, in one statement, with `event` in a CTE of it.
+async fn job_insert_plain(
+    conn: &mut PgConnection,
+    job: &NewJob,
+    wake: Wake<'_>,
+    event: Option<&NewEvent>,
+) -> Result<(Enqueued, Db), Error> {
+    if job.idempotency_key.is_none() {
+        let q = match event {
+            None => sqlx::query(unkeyed_insert_sql!()),
+            Some(_) => sqlx::query(unkeyed_insert_sql!(
+                "ev AS (",
+                outbox_row_sql!("$10", "$11", "$12", "$13", "$14", "$15", "$16"),
+                "), ",
+            )),
+        };
+        let q = bind_job(q, job).bind(wake.queues).bind(wake.recent);
+        let row = match event {
+            None => q,
+            Some(e) => e.bind(q),
+        }
+        .fetch_one(&mut *conn)
+        .await?;
+        let enqueued = Enqueued {
+            id: JobId(row.try_get("id")?),
+            duplicate: false,
+            replaced: false,
+        };
+        return Ok((enqueued, row.try_get("db")?));
+    }
+    let q = match event {
+        None => sqlx::query(keyed_insert_sql!()),
+        Some(_) => sqlx::query(keyed_insert_sql!(
+            "ev AS (",
+            outbox_row_sql!("$11", "$12", "$13", "$14", "$15", "$16", "$17"),
+            "), ",
         )),
-        job,
-    )
-    .bind(&job.idempotency_key)
-    .bind(wake.queues)
-    .bind(wake.recent)
+    };
+    let q = bind_job(q, job)
+        .bind(&job.idempotency_key)
+        .bind(wake.queues)
+        .bind(wake.recent);
+    let row = match event {
+        None => q,
+        Some(e) => e.bind(q),
+    }
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(row) = row {
@@ -86,47 +197,6 @@ pub(crate) async fn job_insert(
             ),
         )),
     }
-}
-
-/// `job_insert` for a job without an idempotency key, the common case: no conflict is
-/// possible, so the statement is a plain INSERT (the conflict handling and the lookup of
-/// an existing row cost about a tenth of single-enqueue throughput).
-async fn job_insert_unkeyed(
-    conn: &mut PgConnection,
-    job: &NewJob,
-    wake: Wake<'_>,
-) -> Result<(Enqueued, Db), Error> {
-    let row = bind_job(
-        sqlx::query(concat!(
-            r#"
-        WITH ins AS (
-            INSERT INTO jobq.jobs (kind, queue, payload, priority, max_attempts, run_after, state)
-            SELECT $1, $2, $3::text::jsonb, $4, $5, t.at, "#,
-            state_sql!("t.at"),
-            r#"
-            FROM (SELECT coalesce($6, now() + make_interval(secs => coalesce($7, 0))) AS at) t
-            RETURNING id
-        )
-        SELECT ins.id, "#,
-            wake_sql!("$8", "$9"),
-            " AS woke, ",
-            database_sql!(),
-            r#" AS db
-        FROM ins
-        "#
-        )),
-        job,
-    )
-    .bind(wake.queues)
-    .bind(wake.recent)
-    .fetch_one(&mut *conn)
-    .await?;
-    let enqueued = Enqueued {
-        id: JobId(row.try_get("id")?),
-        duplicate: false,
-        replaced: false,
-    };
-    Ok((enqueued, row.try_get("db")?))
 }
 
 async fn job_find_by_key(

@@ -27,7 +27,12 @@ fn job(kind: &str, scope: Option<&str>, key: Option<&str>) -> NewJob {
 }
 
 async fn enqueue(conn: &mut PgConnection, j: NewJob) -> i64 {
-    job_insert(conn, &j, Wake::default()).await.unwrap().0.id.0
+    job_insert(conn, &j, Wake::default(), &[])
+        .await
+        .unwrap()
+        .0
+        .id
+        .0
 }
 
 async fn claim(conn: &mut PgConnection, kinds: &[&str]) -> Vec<(i64, i64)> {
@@ -317,7 +322,7 @@ async fn repeatable_read_is_refused() {
         .execute(&mut *tx)
         .await
         .unwrap();
-    let e = job_insert(&mut tx, &job("k", None, Some("A")), Wake::default())
+    let e = job_insert(&mut tx, &job("k", None, Some("A")), Wake::default(), &[])
         .await
         .unwrap_err();
     assert_eq!(e.code(), "ordering_isolation");

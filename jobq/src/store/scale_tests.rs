@@ -147,7 +147,7 @@ async fn inserts_put_future_jobs_in_scheduled() {
         (None, Some("k1")),
         (Some(60.0), Some("k2")),
     ] {
-        let (e, _) = job_insert(&mut conn, &job(delay, key), Wake::default())
+        let (e, _) = job_insert(&mut conn, &job(delay, key), Wake::default(), &[])
             .await
             .unwrap();
         ids.push(e.id.0);
