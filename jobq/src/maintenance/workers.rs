@@ -82,7 +82,7 @@ impl WorkerPresence {
         let mut conn = self.pool.acquire().await?;
         store::worker_upsert(&mut conn, &self.id, &self.queues, &self.kinds).await?;
         store::worker_delete_stale(&mut conn, self.config.forget_after.as_secs_f64()).await?;
-        let depths = store::queue_depths(&mut conn).await?;
+        let depths = store::queue_depths(&mut conn, &self.served_queues).await?;
         for q in &self.served_queues {
             let (depth, age) = depths
                 .iter()

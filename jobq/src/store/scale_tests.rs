@@ -102,6 +102,35 @@ async fn claim_reads_only_rows_it_takes() {
     db.close().await;
 }
 
+/// The depth gauges every node refreshes on its heartbeat read the due rows of its own
+/// queues, not the future, finished or other queues' rows around them.
+#[tokio::test]
+async fn queue_depths_read_only_due_rows_of_the_queues_asked_for() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    seed_dirty(&mut conn).await;
+    // One scheduled job past its time, not yet promoted: due, so counted.
+    exec(
+        &mut conn,
+        "INSERT INTO jobq.jobs (kind, payload, state, run_after)
+         VALUES ('a', '{}', 'scheduled', now() - interval '1 hour')",
+    )
+    .await;
+    let before = tuples_read(&mut conn).await;
+    let depths = queue_depths(&mut conn, &["default".to_owned()])
+        .await
+        .unwrap();
+    let read = tuples_read(&mut conn).await - before;
+    // The due rows of `default`: 40 served, 5,000 of a kind nobody serves, the overdue
+    // scheduled one. Their oldest is that one, an hour old.
+    assert_eq!(depths.len(), 1);
+    let (queue, depth, age) = &depths[0];
+    assert_eq!((queue.as_str(), *depth), ("default", 5_041));
+    assert!(age.unwrap() > 3_500.0, "{age:?}");
+    // Not the 20,000 future, finished and paused-queue rows beside them.
+    assert!(read <= 5_041 + 100, "the count read {read} tuples");
+}
+
 #[tokio::test]
 async fn claim_takes_every_served_kind_in_priority_order() {
     let db = jobq_testing::TestDatabase::new().await.unwrap();

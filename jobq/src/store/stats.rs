@@ -270,19 +270,38 @@ pub(crate) async fn db_now(conn: &mut PgConnection) -> Result<DateTime<Utc>, Err
 }
 
 /// Due pending jobs (not waiting behind their ordering key) and the oldest one's
-/// `run_after`, per queue (the metrics gauges).
+/// `run_after`, for each of `queues` that has any (the metrics gauges). A scheduled job
+/// whose time has come but which the promoter has not reached yet counts as due.
+///
+/// Each state is counted through its own partial index (`jobs_claim_kind_idx`, whose
+/// leading column is the queue, and `jobs_scheduled_idx`), so the count reads the due
+/// rows of those queues only: every node runs it on each heartbeat, and as one scan of
+/// the states it read future jobs, finished history and other queues too. The queue test
+/// of the scheduled part is written `IS TRUE` so the planner cannot pick `jobs_queue_idx`
+/// for it, which holds every scheduled and finished row of the queue.
 pub(crate) async fn queue_depths(
     conn: &mut PgConnection,
+    queues: &[String],
 ) -> Result<Vec<(String, i64, Option<f64>)>, Error> {
     let rows = sqlx::query(
         r#"
-        SELECT queue, count(*) AS depth,
-               extract(epoch FROM now() - min(run_after))::float8 AS oldest_age
-        FROM jobq.jobs
-        WHERE state IN ('pending', 'scheduled') AND run_after <= now() AND blocked_by IS NULL
+        SELECT queue, sum(n)::int8 AS depth,
+               extract(epoch FROM now() - min(oldest))::float8 AS oldest_age
+        FROM (
+            SELECT queue, count(*) AS n, min(run_after) AS oldest FROM jobq.jobs
+            WHERE state = 'pending' AND blocked_by IS NULL AND queue = ANY($1)
+              AND run_after <= now()
+            GROUP BY queue
+            UNION ALL
+            SELECT queue, count(*), min(run_after) FROM jobq.jobs
+            WHERE state = 'scheduled' AND run_after <= now() AND (queue = ANY($1)) IS TRUE
+              AND blocked_by IS NULL
+            GROUP BY queue
+        ) due
         GROUP BY queue
         "#,
     )
+    .bind(queues)
     .fetch_all(&mut *conn)
     .await?;
     rows.into_iter()
