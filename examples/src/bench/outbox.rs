@@ -91,8 +91,8 @@ enum Carry {
 
 /// The enqueueing transaction (a business row written, one job enqueued, commit) without
 /// an event, with an `outbox::publish` in it, with the event riding along the business
-/// row's INSERT, and with it riding the enqueue, in alternating rounds on one connection each, so the ratios
-/// compare them under the same commit latency.
+/// row's INSERT, and with it riding the enqueue, in alternating rounds on one connection
+/// each, so the ratios compare them under the same commit latency.
 async fn tx_cost(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<()> {
     progress("outbox: cost on the enqueueing transaction");
     let pool = db.new_pool(2).await?;

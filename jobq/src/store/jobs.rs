@@ -8,8 +8,9 @@ use crate::error::{Disposition, Error};
 use crate::ids::JobId;
 use crate::rows::Enqueued;
 
-/// The keyed single insert, with `$event` (nothing, or the literals of a CTE and its
-/// trailing comma, each followed by a comma) before `ins`: absorbs a duplicate idempotency key by returning the existing row.
+/// The single insert of a job with an idempotency key: a duplicate key returns the
+/// existing row. `$event` is nothing, or an outbox row's CTE (`"ev AS (", …, "), ",`)
+/// written ahead of `ins`.
 macro_rules! keyed_insert_sql {
     ($($event:tt)*) => {
         concat!(
@@ -138,12 +139,7 @@ async fn job_insert_plain(
             )),
         };
         let q = bind_job(q, job).bind(wake.queues).bind(wake.recent);
-        let row = match event {
-            None => q,
-            Some(e) => e.bind(q),
-        }
-        .fetch_one(&mut *conn)
-        .await?;
+        let row = NewEvent::bind_opt(event, q).fetch_one(&mut *conn).await?;
         let enqueued = Enqueued {
             id: JobId(row.try_get("id")?),
             duplicate: false,
@@ -163,12 +159,9 @@ async fn job_insert_plain(
         .bind(&job.idempotency_key)
         .bind(wake.queues)
         .bind(wake.recent);
-    let row = match event {
-        None => q,
-        Some(e) => e.bind(q),
-    }
-    .fetch_optional(&mut *conn)
-    .await?;
+    let row = NewEvent::bind_opt(event, q)
+        .fetch_optional(&mut *conn)
+        .await?;
     if let Some(row) = row {
         let enqueued = Enqueued {
             id: JobId(row.try_get("id")?),

@@ -73,6 +73,14 @@ impl NewEvent {
             .bind(&self.payload)
             .bind(&self.headers)
     }
+
+    /// [`bind`](Self::bind) for a statement written with or without the event.
+    pub(crate) fn bind_opt<'q>(event: Option<&'q NewEvent>, q: PgQuery<'q>) -> PgQuery<'q> {
+        match event {
+            Some(e) => e.bind(q),
+            None => q,
+        }
+    }
 }
 
 fn json_string(s: &str) -> String {
