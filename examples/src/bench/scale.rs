@@ -103,6 +103,10 @@ async fn claim_mean_ms(db: &BenchDb, n: usize) -> anyhow::Result<f64> {
             .bind(64_i64)
             .bind("bench-probe")
             .bind(None::<chrono::DateTime<chrono::Utc>>)
+            // No start positions: every kind from the start of its range.
+            .bind(Vec::<i16>::new())
+            .bind(Vec::<chrono::DateTime<chrono::Utc>>::new())
+            .bind(Vec::<i64>::new())
             .execute(&mut conn)
             .await?;
         total += start.elapsed().as_secs_f64();

@@ -90,6 +90,7 @@ async fn claim_at(
             limit,
             worker: "w",
             now,
+            after: None,
         },
         &limits,
         Duration::from_secs(1),

@@ -24,9 +24,47 @@ pub use sweeper::{SweepReport, Sweeper, SweeperConfig};
 pub use workers::{WorkerHeartbeat, WorkerHeartbeatConfig};
 pub use workers::{WorkerPresence, WorkerPresenceConfig};
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+/// Spaces a statement that has grown slow: after a run that took `t` (longer than
+/// [`Pace::FREE`]), the next is due `RATIO × t` after the run started (at most
+/// [`Pace::CAP`] later), so that it takes at most a twentieth of its connection's time.
+///
+/// What grows slow is a scan whose index holds entries nothing may remove: while a
+/// snapshot is held open (a forgotten transaction, a stuck replication slot), every row
+/// a claim, a completion or the pruner moves leaves an entry that each later scan of the
+/// index walks past, so a statement that took a millisecond takes a second after a few
+/// minutes, and run every second it takes a core the workers need.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Pace(Arc<Mutex<Option<Instant>>>);
+
+impl Pace {
+    /// A run shorter than this does not space the next.
+    pub(crate) const FREE: Duration = Duration::from_millis(5);
+    /// After a longer run, the next waits this many times as long...
+    pub(crate) const RATIO: u32 = 20;
+    /// ...but never longer than this.
+    pub(crate) const CAP: Duration = Duration::from_secs(60);
+
+    /// Whether a run may start at `now`.
+    pub(crate) fn due(&self, now: Instant) -> bool {
+        self.0
+            .lock()
+            .map_or(true, |next| next.is_none_or(|next| now >= next))
+    }
+
+    /// Records a run that started at `started` and took `took`.
+    pub(crate) fn ran(&self, started: Instant, took: Duration) {
+        let next = (took >= Self::FREE).then(|| started + (took * Self::RATIO).min(Self::CAP));
+        if let Ok(mut n) = self.0.lock() {
+            *n = next;
+        }
+    }
+}
 
 /// The loop every service shares: `pass`, then a wait of `interval` spread by ±10 %,
 /// until `stop` is cancelled (checked between passes, never during one).

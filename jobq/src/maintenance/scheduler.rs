@@ -419,6 +419,15 @@ impl Scheduler {
     ///
     /// [`Error::Database`] when the database cannot be reached.
     pub async fn run_once_at(&self, now: Option<DateTime<Utc>>) -> Result<SchedulerReport, Error> {
+        self.pass(now, None).await
+    }
+
+    /// One pass; with `expiry`, the expiry sweep only when that pace says it is due.
+    async fn pass(
+        &self,
+        now: Option<DateTime<Utc>>,
+        expiry: Option<&super::Pace>,
+    ) -> Result<SchedulerReport, Error> {
         let mut report = SchedulerReport::default();
         let names: Vec<String> = self.entries.iter().map(|(p, _)| p.name.clone()).collect();
         if !names.is_empty() {
@@ -438,12 +447,20 @@ impl Scheduler {
             }
             self.gauges(&names, now).await?;
         }
-        loop {
-            let mut conn = self.pool.acquire().await?;
-            let n = store::job_expire_due(&mut conn, self.config.batch, now).await?;
-            report.expired += n;
-            if n < u64::try_from(self.config.batch).unwrap_or(0) {
-                break;
+        // Expired jobs are never claimed (the claim tests `expires_at`), so a sweep that
+        // has grown slow may wait: it only writes down their ends.
+        let started = tokio::time::Instant::now();
+        if expiry.is_none_or(|p| p.due(started)) {
+            loop {
+                let mut conn = self.pool.acquire().await?;
+                let n = store::job_expire_due(&mut conn, self.config.batch, now).await?;
+                report.expired += n;
+                if n < u64::try_from(self.config.batch).unwrap_or(0) {
+                    break;
+                }
+            }
+            if let Some(p) = expiry {
+                p.ran(started, started.elapsed());
             }
         }
         Ok(report)
@@ -512,11 +529,13 @@ impl Scheduler {
         Ok(enqueued)
     }
 
-    /// Runs a pass every (jittered) interval until `stop`.
+    /// Runs a pass every (jittered) interval until `stop`. An expiry sweep that has grown
+    /// slow is spaced out (see [`Pace`](super::Pace)).
     pub async fn run(self, stop: CancellationToken) {
         let this = &self;
+        let expiry = &super::Pace::default();
         super::every(self.config.interval, stop, || async move {
-            match this.run_once().await {
+            match this.pass(None, Some(expiry)).await {
                 Ok(r) if r.enqueued + r.expired > 0 => info!(
                     enqueued = r.enqueued,
                     expired = r.expired,

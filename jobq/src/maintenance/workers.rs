@@ -79,16 +79,27 @@ impl WorkerPresence {
     ///
     /// [`Error::Database`] when the database cannot be reached.
     pub async fn run_once(&self) -> Result<(), Error> {
+        self.beat(None).await
+    }
+
+    /// One beat; with `depths`, the depth gauges only when that pace says they are due.
+    async fn beat(&self, depths: Option<&super::Pace>) -> Result<(), Error> {
         let mut conn = self.pool.acquire().await?;
         store::worker_upsert(&mut conn, &self.id, &self.queues, &self.kinds).await?;
         store::worker_delete_stale(&mut conn, self.config.forget_after.as_secs_f64()).await?;
-        let depths = store::queue_depths(&mut conn, &self.served_queues).await?;
-        for q in &self.served_queues {
-            let (depth, age) = depths
-                .iter()
-                .find(|(name, _, _)| name == q)
-                .map_or((0, 0.0), |(_, d, a)| (*d, a.unwrap_or(0.0)));
-            crate::metrics::queue_gauges(q, depth, age);
+        let started = tokio::time::Instant::now();
+        if depths.is_none_or(|p| p.due(started)) {
+            let read = store::queue_depths(&mut conn, &self.served_queues).await?;
+            if let Some(p) = depths {
+                p.ran(started, started.elapsed());
+            }
+            for q in &self.served_queues {
+                let (depth, age) = read
+                    .iter()
+                    .find(|(name, _, _)| name == q)
+                    .map_or((0, 0.0), |(_, d, a)| (*d, a.unwrap_or(0.0)));
+                crate::metrics::queue_gauges(q, depth, age);
+            }
         }
         let parked = store::ordering_parked_counts(&mut conn).await?;
         for q in &self.served_queues {
@@ -103,10 +114,13 @@ impl WorkerPresence {
     }
 
     /// Beats every (jittered) interval until `stop`, then deletes this worker's row.
+    /// Depth gauges whose count has grown slow are refreshed less often (see
+    /// [`Pace`](super::Pace)); the beat itself is not.
     pub async fn run(self, stop: CancellationToken) {
         let this = &self;
+        let depths = &super::Pace::default();
         super::every(self.config.interval, stop, || async move {
-            if let Err(e) = this.run_once().await {
+            if let Err(e) = this.beat(Some(depths)).await {
                 warn!(error = %e, "worker heartbeat failed");
             }
         })

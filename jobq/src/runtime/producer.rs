@@ -21,8 +21,9 @@ use super::executor::{
 use super::lease::RunningSet;
 use super::{Config, DrainReport, DrainedAttempt};
 use crate::error::Error;
+use crate::maintenance::Pace;
 use crate::notify::TRAIL;
-use crate::store::{ClaimParams, ClaimedJob};
+use crate::store::{ClaimParams, ClaimPosition, ClaimedJob};
 
 pub(crate) struct Producer {
     pub(crate) config: Arc<Config>,
@@ -51,6 +52,7 @@ impl Producer {
         // The wait before the next trailing claim (see `notify::TRAIL`), once the queue
         // runs dry after claims that found jobs.
         let mut trail = None;
+        let mut cursor = Cursor::new(self.config.kinds.len());
         loop {
             let capacity = self.concurrency
                 + ahead.resize(&held, finished.load(Ordering::Relaxed), Instant::now());
@@ -70,7 +72,7 @@ impl Producer {
             }
             let want = permits.len();
             let sent = Instant::now();
-            let claimed = claim(&self.config, &self.queue, want, None).await;
+            let claimed = claim(&self.config, &self.queue, want, None, Some(&mut cursor)).await;
             let (jobs, retry_in) = match claimed {
                 Ok(c) => {
                     backoff = Duration::from_millis(100);
@@ -242,12 +244,81 @@ async fn gather(held: &Arc<Semaphore>, permits: &mut Vec<OwnedSemaphorePermit>, 
     }
 }
 
-/// Claims within the limits in force (read again when older than the poll interval).
+/// Where a producer's claims start.
+///
+/// A claim reads the claim index from the start of each served kind's range, passing
+/// the entries of jobs claimed before it. Those are normally few: a claim marks the
+/// entries of rows it finds dead and vacuum removes them. While an old snapshot is held
+/// open (a long transaction, a stuck replica slot) nothing can, and every claim reads
+/// every job claimed since the snapshot was taken: after 100,000 claims, 2,000 index
+/// pages per claim of 100.
+///
+/// So the rule is a claim from the start ("full"), but once one takes longer than
+/// [`Pace::FREE`] (5 ms), the claims after it start after the last job each kind claimed,
+/// until a full claim is due again: 20 times the full claim's cost later (at most a
+/// minute; see [`Pace`]), so that full claims take a twentieth of the time.
+/// A job that becomes due behind a kind's position (a higher priority, a retry or a
+/// transaction that committed late with an earlier `run_after`, a job another claim
+/// locked and handed back) waits for the next full claim: while claims are slow, claim
+/// order holds within that window rather than exactly. Limited claims always start from
+/// the start.
+#[derive(Debug)]
+pub(crate) struct Cursor {
+    /// Per served kind, the last job claimed (`None`: none yet).
+    after: Vec<Option<ClaimPosition>>,
+    /// When the next full claim is due.
+    full: Pace,
+}
+
+impl Cursor {
+    pub(crate) fn new(kinds: usize) -> Cursor {
+        Cursor {
+            after: vec![None; kinds],
+            full: Pace::default(),
+        }
+    }
+
+    /// The positions a claim starting `now` starts after, or `None` for a full claim.
+    pub(crate) fn start(&self, now: Instant) -> Option<Vec<Option<ClaimPosition>>> {
+        (!self.full.due(now)).then(|| self.after.clone())
+    }
+
+    /// Records a claim that started `at` and took `took`, full or not, and the jobs it
+    /// claimed. A kind's position moves to its last job claimed: forward after a claim
+    /// from a position, anywhere after a full one (which read the kind from its start).
+    /// A kind that claimed nothing keeps its position.
+    pub(crate) fn record(
+        &mut self,
+        full: bool,
+        at: Instant,
+        took: Duration,
+        kinds: &[String],
+        jobs: &[ClaimedJob],
+    ) {
+        if full {
+            self.full.ran(at, took);
+        }
+        for (kind, after) in kinds.iter().zip(self.after.iter_mut()) {
+            let last = jobs
+                .iter()
+                .filter(|j| &j.kind == kind)
+                .map(ClaimedJob::position)
+                .max();
+            if last.is_some() {
+                *after = if full { last } else { (*after).max(last) };
+            }
+        }
+    }
+}
+
+/// Claims within the limits in force (read again when older than the poll interval),
+/// from the `cursor`'s positions when it gives them.
 async fn claim(
     config: &Config,
     queue: &str,
     limit: usize,
     now: Option<DateTime<Utc>>,
+    cursor: Option<&mut Cursor>,
 ) -> Result<crate::flow::limits::Claimed, Error> {
     let limits = match config.limits.fresh().await {
         Some(limits) => limits,
@@ -257,12 +328,16 @@ async fn claim(
         }
     };
     // A limited claim runs on a session that keeps its plans (see `LIMITED_CLAIM_SETTINGS`).
-    let pool = if limits.bind(queue, &config.kinds) {
+    let limited = limits.bind(queue, &config.kinds);
+    let pool = if limited {
         &config.limited
     } else {
         &config.own
     };
     let mut held = pool.acquire().await?;
+    let cursor = cursor.filter(|_| !limited);
+    let started = Instant::now();
+    let after = cursor.as_ref().and_then(|c| c.start(started));
     let jobs = crate::flow::limits::claim(
         &mut held,
         &ClaimParams {
@@ -272,11 +347,16 @@ async fn claim(
             limit: i64::try_from(limit).unwrap_or(i64::MAX),
             worker: &config.worker_id,
             now,
+            after: after.as_deref(),
         },
         &limits,
         config.poll_interval,
     )
     .await?;
+    if let Some(cursor) = cursor {
+        let took = started.elapsed();
+        cursor.record(after.is_none(), started, took, &config.kinds, &jobs.jobs);
+    }
     Ok(jobs)
 }
 
@@ -307,7 +387,7 @@ pub(crate) async fn drain(
         for queue in config.queues.keys() {
             // One at a time: this task is a single slot, and a claimed job's lease starts
             // at the claim, so claiming ahead would age leases of jobs not yet started.
-            let claimed = claim(config, queue, 1, now).await?.jobs;
+            let claimed = claim(config, queue, 1, now, None).await?.jobs;
             for job in claimed {
                 ran += 1;
                 report.attempts.push(drain_one(config, job, now).await?);
@@ -419,5 +499,70 @@ mod tests {
         let mut clock = (Instant::now(), 0);
         assert_eq!(steady(&mut ahead, &held, &mut clock, 50_000, 100), 0);
         assert_eq!(held.available_permits(), 3);
+    }
+
+    fn job(kind: &str, priority: i16, id: i64) -> ClaimedJob {
+        ClaimedJob {
+            id,
+            fence: 1,
+            attempt: 1,
+            max_attempts: 3,
+            kind: kind.to_owned(),
+            queue: "default".to_owned(),
+            payload: "{}".to_owned(),
+            priority,
+            created_at: DateTime::UNIX_EPOCH,
+            payload_version: 1,
+            trace_context: None,
+            wait_secs: 0.0,
+            run_after: DateTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn cursor_claims_from_positions_only_while_full_claims_are_slow() {
+        let kinds = ["a".to_owned(), "b".to_owned()];
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut cursor = Cursor::new(2);
+        assert_eq!(cursor.start(t0), None, "the first claim is full");
+
+        // A fast full claim: the next is full too.
+        cursor.record(true, t0, ms(1), &kinds, &[job("a", 0, 5), job("a", 0, 7)]);
+        assert_eq!(cursor.start(t0 + ms(1)), None);
+
+        // A slow one: claims from positions for 20 times its cost.
+        cursor.record(true, t0, ms(10), &kinds, &[job("a", 0, 7), job("a", 0, 9)]);
+        let at = |c: &Cursor, t| {
+            c.start(t)
+                .map(|a| a.iter().map(|p| p.map(|p| p.id)).collect::<Vec<_>>())
+        };
+        assert_eq!(at(&cursor, t0 + ms(150)), Some(vec![Some(9), None]));
+        assert_eq!(at(&cursor, t0 + ms(200)), None, "a full claim is due");
+
+        // From a position, a kind's position only moves forward; one claiming nothing
+        // keeps its own.
+        cursor.record(false, t0 + ms(20), ms(1), &kinds, &[job("b", 0, 3)]);
+        cursor.record(
+            false,
+            t0 + ms(30),
+            ms(1),
+            &kinds,
+            &[job("a", 0, 8), job("b", 1, 2)],
+        );
+        assert_eq!(at(&cursor, t0 + ms(40)), Some(vec![Some(9), Some(2)]));
+        // A full claim moves it back to what it found first.
+        cursor.record(true, t0 + ms(50), ms(10), &kinds, &[job("a", -1, 100)]);
+        assert_eq!(at(&cursor, t0 + ms(60)), Some(vec![Some(100), Some(2)]));
+        let a = cursor.start(t0 + ms(60)).unwrap()[0].unwrap();
+        assert_eq!((a.priority, a.id), (-1, 100));
+
+        // A full claim at least every minute, however long they take.
+        cursor.record(true, t0, ms(6), &kinds, &[]);
+        assert!(cursor.start(t0 + ms(119)).is_some());
+        assert_eq!(cursor.start(t0 + ms(120)), None);
+        cursor.record(true, t0, ms(5_000), &kinds, &[]);
+        assert!(cursor.start(t0 + ms(59_999)).is_some());
+        assert_eq!(cursor.start(t0 + ms(60_000)), None);
     }
 }

@@ -481,6 +481,8 @@ pub(crate) struct ClaimedJob {
     pub(crate) trace_context: Option<String>,
     /// How long the job waited between becoming due (`run_after`) and this claim.
     pub(crate) wait_secs: f64,
+    /// When the job became due: part of its [`ClaimPosition`].
+    pub(crate) run_after: DateTime<Utc>,
 }
 
 /// What one claim asks for.
@@ -493,14 +495,42 @@ pub(crate) struct ClaimParams<'a> {
     pub(crate) limit: i64,
     pub(crate) worker: &'a str,
     pub(crate) now: Option<DateTime<Utc>>,
+    /// Per served kind (same order), where the claim starts: only jobs after the position
+    /// in claim order are candidates (`None`: the kind's range from its start). `None`
+    /// here: every kind from its start. Limited claims ignore it.
+    pub(crate) after: Option<&'a [Option<ClaimPosition>]>,
 }
 
-/// The claim statement of [`job_claim`]: `$1` queue, `$2` served kinds, `$3` their
-/// leases in seconds, `$4` limit, `$5` worker, `$6` now (`NULL`: the database's clock).
-pub(crate) const JOB_CLAIM_SQL: &str = concat!(
-    r#"
+/// A job's place in claim order: `(priority, run_after, id)`, the claim index's order
+/// within a queue and kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct ClaimPosition {
+    pub(crate) priority: i16,
+    pub(crate) run_after: DateTime<Utc>,
+    pub(crate) id: i64,
+}
+
+impl ClaimedJob {
+    /// The job's place in claim order.
+    pub(crate) fn position(&self) -> ClaimPosition {
+        ClaimPosition {
+            priority: self.priority,
+            run_after: self.run_after,
+            id: self.id,
+        }
+    }
+}
+
+/// The claim statement, its candidates limited per kind by `$after` (a condition on the
+/// candidate `j` and the served kind `k`, or nothing).
+macro_rules! job_claim_sql {
+    ($($after:literal)?) => {
+        concat!(
+            r#"
         WITH served AS (
-            SELECT * FROM unnest($2::text[], $3::float8[]) AS s(kind, lease)
+            SELECT * FROM unnest($2::text[], $3::float8[], $7::int2[], $8::timestamptz[],
+                                 $9::int8[])
+                AS s(kind, lease, after_priority, after_run, after_id)
         ),
         candidates AS MATERIALIZED (
             SELECT c.id FROM served k
@@ -510,6 +540,9 @@ pub(crate) const JOB_CLAIM_SQL: &str = concat!(
                   AND j.blocked_by IS NULL
                   AND j.run_after <= coalesce($6, now())
                   AND (j.expires_at IS NULL OR j.expires_at > coalesce($6, now()))
+                  "#,
+            $($after,)?
+            r#"
                 ORDER BY j.priority, j.run_after, j.id
                 LIMIT $4
                 FOR UPDATE SKIP LOCKED
@@ -520,12 +553,29 @@ pub(crate) const JOB_CLAIM_SQL: &str = concat!(
         )
         UPDATE jobq.jobs j
         "#,
-    claim_set_sql!("$5", "$6"),
-    r#"
+            claim_set_sql!("$5", "$6"),
+            r#"
         FROM candidates c, served s
         WHERE j.id = c.id AND s.kind = j.kind
         "#,
-    claim_returning_sql!()
+            claim_returning_sql!()
+        )
+    };
+}
+
+/// The claim statement of [`job_claim`]: `$1` queue, `$2` served kinds, `$3` their
+/// leases in seconds, `$4` limit, `$5` worker, `$6` now (`NULL`: the database's clock);
+/// `$7`–`$9` are [`JOB_CLAIM_AFTER_SQL`]'s and unused here.
+pub(crate) const JOB_CLAIM_SQL: &str = job_claim_sql!();
+
+/// [`JOB_CLAIM_SQL`] starting each kind's candidates after a position in claim order:
+/// `$7` priorities, `$8` run_after, `$9` ids, one per served kind (`NULL`s: from the
+/// start). The row comparison is an index condition of `jobs_claim_kind_idx`, so the
+/// scan begins at the position instead of walking the entries before it.
+pub(crate) const JOB_CLAIM_AFTER_SQL: &str = job_claim_sql!(
+    r#"AND (j.priority, j.run_after, j.id)
+                      > (coalesce(k.after_priority, -32768), coalesce(k.after_run, '-infinity'),
+                         coalesce(k.after_id, -9223372036854775808))"#
 );
 
 /// Claims up to `limit` due jobs of `queue` in one statement: the candidates are locked in
@@ -538,17 +588,40 @@ pub(crate) const JOB_CLAIM_SQL: &str = concat!(
 /// cost it nothing: future and backoff rows are `scheduled` (not in the index), other
 /// kinds are other index ranges, finished rows are not in it. With several kinds a probe
 /// may lock rows the final `LIMIT` drops; they are unlocked when the statement ends.
+///
+/// With `p.after`, each probe starts after the kind's position: the index entries of
+/// jobs claimed before it are not read. They are normally few (a claim marks the entries
+/// of rows it finds dead, and vacuum removes them), but while an old snapshot is held
+/// open nothing can mark or remove them and a probe from the start reads every job
+/// claimed since (see `runtime::producer::Cursor`).
 pub(crate) async fn job_claim(
     conn: &mut PgConnection,
     p: &ClaimParams<'_>,
 ) -> Result<Vec<ClaimedJob>, Error> {
-    let rows = sqlx::query(JOB_CLAIM_SQL)
+    let (sql, after) = match p.after {
+        Some(after) => (JOB_CLAIM_AFTER_SQL, after),
+        None => (JOB_CLAIM_SQL, &[][..]),
+    };
+    let rows = sqlx::query(sql)
         .bind(p.queue)
         .bind(p.kinds)
         .bind(p.lease_secs)
         .bind(p.limit)
         .bind(p.worker)
         .bind(p.now)
+        .bind(
+            after
+                .iter()
+                .map(|a| a.map(|a| a.priority))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            after
+                .iter()
+                .map(|a| a.map(|a| a.run_after))
+                .collect::<Vec<_>>(),
+        )
+        .bind(after.iter().map(|a| a.map(|a| a.id)).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
     claimed_from_rows(rows)
@@ -574,6 +647,7 @@ pub(crate) fn claimed_from_rows(
             payload_version: row.try_get("payload_version")?,
             trace_context: row.try_get("trace_context")?,
             wait_secs: row.try_get("wait_secs")?,
+            run_after: row.try_get("run_after")?,
         });
     }
     jobs.sort_by_key(|j| (j.priority, j.id));

@@ -784,7 +784,7 @@ pub(crate) async fn claim_kind_wide(
         UNION ALL
         SELECT NULL::int8, NULL::int8, NULL::int4, NULL::int4, NULL::text, NULL::text,
                NULL::text, NULL::int2, NULL::timestamptz, NULL::int4, NULL::text,
-               NULL::float8,
+               NULL::float8, NULL::timestamptz,
                u.kind, u.running, u.tokens, u.refilled_at, u.win, u.gkey, u.gen,
                (SELECT gen FROM qgen), (SELECT ok FROM gate),
                (SELECT n FROM tot), (SELECT now FROM clock)

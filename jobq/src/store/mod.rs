@@ -124,14 +124,16 @@ macro_rules! claim_set_sql {
     };
 }
 
-/// The `RETURNING` of a claim, as `claimed_from_rows` reads it.
+/// The `RETURNING` of a claim, as `claimed_from_rows` reads it (`claim_kind_wide` pads the
+/// same columns with NULLs in a UNION: keep the two in step).
 macro_rules! claim_returning_sql {
     () => {
         r#"
         RETURNING j.id, j.lease_gen, j.attempts, j.max_attempts, j.kind, j.queue,
                   j.payload::text AS payload, j.priority, j.created_at, j.payload_version,
                   j.trace_context::text AS trace_context,
-                  greatest(extract(epoch FROM j.started_at - j.run_after), 0)::float8 AS wait_secs
+                  greatest(extract(epoch FROM j.started_at - j.run_after), 0)::float8 AS wait_secs,
+                  j.run_after
         "#
     };
 }

@@ -47,6 +47,7 @@ async fn claim(conn: &mut PgConnection, kinds: &[&str]) -> Vec<(i64, i64)> {
             limit: 100,
             worker: "w",
             now: None,
+            after: None,
         },
     )
     .await

@@ -43,6 +43,7 @@ async fn claim(conn: &mut sqlx::PgConnection, queue: &str, limit: i64) -> Vec<Cl
             limit,
             worker: "w",
             now: None,
+            after: None,
         },
     )
     .await
@@ -129,6 +130,83 @@ async fn queue_depths_read_only_due_rows_of_the_queues_asked_for() {
     assert!(age.unwrap() > 3_500.0, "{age:?}");
     // Not the 20,000 future, finished and paused-queue rows beside them.
     assert!(read <= 5_041 + 100, "the count read {read} tuples");
+}
+
+/// While a snapshot older than the claims is held open, the index entries of claimed
+/// jobs stay (nothing may mark or remove them) and a claim from the start reads them
+/// all; a claim from a position starts past them. A job due behind the position is left
+/// to the next claim from the start.
+#[tokio::test]
+async fn a_claim_from_a_position_reads_no_entry_of_the_jobs_claimed_before_it() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    exec(
+        &mut conn,
+        "INSERT INTO jobq.jobs (kind, payload, state)
+           SELECT 'a', '{}', 'pending' FROM generate_series(1, 3000);
+         ANALYZE jobq.jobs;",
+    )
+    .await;
+    // The held snapshot, in the same database (others do not hold its horizon back).
+    let mut old = db.pool().acquire().await.unwrap();
+    exec(
+        &mut old,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT txid_current();",
+    )
+    .await;
+    let kinds = ["a".to_owned(), "b".to_owned()];
+    let params = |limit, after| ClaimParams {
+        queue: "default",
+        kinds: &kinds,
+        lease_secs: &[60.0, 60.0],
+        limit,
+        worker: "w",
+        now: None,
+        after,
+    };
+    let mut last = None;
+    for _ in 0..29 {
+        let jobs = job_claim(&mut conn, &params(100, None)).await.unwrap();
+        assert_eq!(jobs.len(), 100);
+        last = jobs.iter().map(ClaimedJob::position).max();
+    }
+    // A job due behind the position: a higher priority.
+    exec(
+        &mut conn,
+        "INSERT INTO jobq.jobs (kind, payload, state, priority) VALUES ('a', '{}', 'pending', -1)",
+    )
+    .await;
+
+    let after = [last, None];
+    let before = tuples_read(&mut conn).await;
+    let jobs = job_claim(&mut conn, &params(10, Some(&after)))
+        .await
+        .unwrap();
+    let read = tuples_read(&mut conn).await - before;
+    assert_eq!(jobs.len(), 10);
+    assert!(
+        jobs.iter()
+            .all(|j| j.priority == 0 && Some(j.position()) > last),
+        "the claim from the position took only jobs after it"
+    );
+    assert!(read <= 100, "the claim from a position read {read} tuples");
+
+    let before = tuples_read(&mut conn).await;
+    let jobs = job_claim(&mut conn, &params(10, None)).await.unwrap();
+    let read = tuples_read(&mut conn).await - before;
+    assert_eq!(jobs.len(), 10);
+    assert_eq!(
+        jobs[0].priority, -1,
+        "the claim from the start found the job behind"
+    );
+    assert!(
+        read >= 2_900,
+        "the claim from the start read only {read} tuples"
+    );
+
+    exec(&mut old, "COMMIT").await;
+    drop((conn, old));
+    db.close().await;
 }
 
 #[tokio::test]

@@ -142,6 +142,11 @@ pub(crate) async fn schedule_advance(
 
 /// Fails up to `batch` pending jobs past their maximum age or deadline with code
 /// `expired`, without running them. Returns how many.
+///
+/// The update's state test is written `IS TRUE` so that it finds its rows by primary key:
+/// with statistics that say almost nothing is pending (a queue kept empty by its workers),
+/// the planner walked every `pending` entry of `jobs_state_id_idx` to join them to the few
+/// due rows, which under a held snapshot is every job claimed since it was taken.
 pub(crate) async fn job_expire_due(
     conn: &mut PgConnection,
     batch: i64,
@@ -170,7 +175,7 @@ pub(crate) async fn job_expire_due(
                             'code', 'expired', 'message', 'past its maximum age',
                             'disposition', 'permanent'))
         FROM due
-        WHERE j.id = due.id AND j.state = 'pending'
+        WHERE j.id = due.id AND (j.state = 'pending') IS TRUE
         "#,
     )
     .bind(batch)
