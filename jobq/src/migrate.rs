@@ -90,6 +90,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "outbox_lean",
         sql: include_str!("../migrations/0013_outbox_lean.sql"),
     },
+    Migration {
+        version: 14,
+        name: "state_id_churn",
+        sql: include_str!("../migrations/0014_state_id_churn.sql"),
+    },
 ];
 
 /// Applies every migration not yet applied, in one transaction.
