@@ -57,6 +57,12 @@ impl Pace {
             .map_or(true, |next| next.is_none_or(|next| now >= next))
     }
 
+    /// How long from `now` until a run is due, if it is not due yet.
+    pub(crate) fn due_in(&self, now: Instant) -> Option<Duration> {
+        let next = (*self.0.lock().ok()?)?;
+        (next > now).then(|| next - now)
+    }
+
     /// Records a run that started at `started` and took `took`.
     pub(crate) fn ran(&self, started: Instant, took: Duration) {
         let next = (took >= Self::FREE).then(|| started + (took * Self::RATIO).min(Self::CAP));

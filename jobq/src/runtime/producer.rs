@@ -126,6 +126,12 @@ impl Producer {
                     wait = wait.min(t);
                     trail = Some(t * 2).filter(|next| *next <= TRAIL.1);
                 }
+                // A claim from a position finds nothing behind it: a job that became due
+                // there (a transaction that began before the last job claimed and
+                // committed after it) must not wait for the poll, but for the full claim.
+                if let Some(full) = cursor.full_in(Instant::now()) {
+                    wait = wait.min(full);
+                }
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = self.wake.notified() => {}
@@ -259,15 +265,18 @@ async fn gather(held: &Arc<Semaphore>, permits: &mut Vec<OwnedSemaphorePermit>, 
 /// minute; see [`Pace`]), so that full claims take a twentieth of the time.
 /// A job that becomes due behind a kind's position (a higher priority, a retry or a
 /// transaction that committed late with an earlier `run_after`, a job another claim
-/// locked and handed back) waits for the next full claim: while claims are slow, claim
-/// order holds within that window rather than exactly. Limited claims always start from
-/// the start.
+/// locked and handed back) waits for the next full claim, and a producer whose queue
+/// looks dry from its positions waits no longer than that for it: while claims are slow,
+/// claim order holds within that window rather than exactly. Limited claims always start
+/// from the start.
 #[derive(Debug)]
 pub(crate) struct Cursor {
     /// Per served kind, the last job claimed (`None`: none yet).
     after: Vec<Option<ClaimPosition>>,
     /// When the next full claim is due.
     full: Pace,
+    /// Whether the last claim started from the positions.
+    from_positions: bool,
 }
 
 impl Cursor {
@@ -275,12 +284,19 @@ impl Cursor {
         Cursor {
             after: vec![None; kinds],
             full: Pace::default(),
+            from_positions: false,
         }
     }
 
     /// The positions a claim starting `now` starts after, or `None` for a full claim.
     pub(crate) fn start(&self, now: Instant) -> Option<Vec<Option<ClaimPosition>>> {
         (!self.full.due(now)).then(|| self.after.clone())
+    }
+
+    /// How long from `now` until a full claim is due, after a claim from positions (a
+    /// full claim that came back short has seen every job due).
+    pub(crate) fn full_in(&self, now: Instant) -> Option<Duration> {
+        self.from_positions.then(|| self.full.due_in(now)).flatten()
     }
 
     /// Records a claim that started `at` and took `took`, full or not, and the jobs it
@@ -295,6 +311,7 @@ impl Cursor {
         kinds: &[String],
         jobs: &[ClaimedJob],
     ) {
+        self.from_positions = !full;
         if full {
             self.full.ran(at, took);
         }
@@ -539,6 +556,12 @@ mod tests {
         };
         assert_eq!(at(&cursor, t0 + ms(150)), Some(vec![Some(9), None]));
         assert_eq!(at(&cursor, t0 + ms(200)), None, "a full claim is due");
+        // An idle producer waits no longer than that for the full claim after a claim
+        // from positions; after a full one, for a wake-up or the poll.
+        assert_eq!(cursor.full_in(t0 + ms(150)), None);
+        cursor.record(false, t0 + ms(15), ms(1), &kinds, &[]);
+        assert_eq!(cursor.full_in(t0 + ms(150)), Some(ms(50)));
+        assert_eq!(cursor.full_in(t0 + ms(200)), None);
 
         // From a position, a kind's position only moves forward; one claiming nothing
         // keeps its own.
