@@ -24,7 +24,7 @@ pub use sweeper::{SweepReport, Sweeper, SweeperConfig};
 pub use workers::{WorkerHeartbeat, WorkerHeartbeatConfig};
 pub use workers::{WorkerPresence, WorkerPresenceConfig};
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -39,8 +39,8 @@ use tokio_util::sync::CancellationToken;
 /// a claim, a completion or the pruner moves leaves an entry that each later scan of the
 /// index walks past, so a statement that took a millisecond takes a second after a few
 /// minutes, and run every second it takes a core the workers need.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Pace(Arc<Mutex<Option<Instant>>>);
+#[derive(Debug, Default)]
+pub(crate) struct Pace(Mutex<Option<Instant>>);
 
 impl Pace {
     /// A run shorter than this does not space the next.
