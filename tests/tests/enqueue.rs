@@ -222,12 +222,48 @@ async fn enqueue_many_is_one_statement_in_order_with_duplicates() -> anyhow::Res
         assert_eq!(n, i as i64);
     }
     assert!(Plain::enqueue_many(pool, Vec::new()).await?.is_empty());
+    // Every row of a batch of bare args has the kind's defaults and is due now …
+    let defaults: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobq.jobs WHERE kind = 'plain' AND queue = 'mail'
+           AND priority = 3 AND max_attempts = 7 AND state = 'pending' AND run_after <= now()",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(defaults, 1000);
+    // … and in a batch that mixes options, each row has its own.
+    let mixed = Plain::enqueue_many_with(
+        pool,
+        [
+            Plain::with(N { n: 1 }).priority(-1),
+            Plain::with(N { n: 2 }).queue("other").max_attempts(2),
+            Plain::with(N { n: 3 }).run_in(Duration::from_secs(3600)),
+        ],
+    )
+    .await?;
+    let mut rows = Vec::new();
+    for e in &mixed {
+        let row: (i16, String, i32, String) = sqlx::query_as(
+            "SELECT priority, queue, max_attempts, state FROM jobq.jobs WHERE id = $1",
+        )
+        .bind(e.id.0)
+        .fetch_one(pool)
+        .await?;
+        rows.push(row);
+    }
+    assert_eq!(
+        rows,
+        vec![
+            (-1, "mail".to_owned(), 7, "pending".to_owned()),
+            (3, "other".to_owned(), 2, "pending".to_owned()),
+            (3, "mail".to_owned(), 7, "scheduled".to_owned()),
+        ]
+    );
 
     // Rolled back with its transaction, like a single enqueue.
     let mut tx = pool.begin().await?;
     Plain::enqueue_many(&mut tx, (0..10).map(|n| N { n })).await?;
     tx.rollback().await?;
-    assert_eq!(count(pool).await, 1004);
+    assert_eq!(count(pool).await, 1007);
     db.close().await;
     Ok(())
 }

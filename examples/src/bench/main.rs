@@ -309,6 +309,7 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
     let mut paired = Samples::default();
     let (mut many_paired, mut copy_paired) = (Samples::default(), Samples::default());
     let mut best_paired = Samples::default();
+    let mut many_conn = Samples::default();
     let (mut one_noping, mut pool_paired) = (Samples::default(), Samples::default());
     // sqlx pings every connection it hands out unless told not to: one more round trip
     // per enqueue on a pool. Measured both ways.
@@ -352,6 +353,7 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
         // single enqueues: the ratios are taken under the same conditions.
         let round = (s.jobs / 10).max(1000);
         let (mut t_raw, mut t_copy, mut t_many, mut n) = (0.0, 0.0, 0.0, 0);
+        let mut t_many_conn = 0.0;
         for _ in 0..10 {
             t_raw += round as f64 / raw::insert_batches(db, round, 1000).await?;
             t_copy += round as f64 / raw::copy_batches(db, round, 1000).await?;
@@ -363,6 +365,18 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
                 k += 1000;
             }
             t_many += start.elapsed().as_secs_f64();
+            // The same batches on one connection held for the round, as in a transaction
+            // of the caller's: no pool check-out and check-in around each.
+            let mut conn = pool.acquire().await?;
+            let start = Instant::now();
+            let mut k = 0;
+            while k < round {
+                let batch = ((n + k) as u64..(n + k + 1000) as u64).collect::<Vec<_>>();
+                Noop::enqueue_many(&mut *conn, batch).await?;
+                k += 1000;
+            }
+            t_many_conn += start.elapsed().as_secs_f64();
+            drop(conn);
             n += k;
         }
         many_paired.push(n as f64 / t_raw);
@@ -370,6 +384,7 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
         // Each repetition holds enqueue_many to the faster bulk path of that repetition.
         best_paired.push(n as f64 / f64::min(t_raw, t_copy));
         many.push(n as f64 / t_many);
+        many_conn.push(n as f64 / t_many_conn);
     }
     pool.close().await;
     r.ceiling(
@@ -424,6 +439,12 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
             Target::ratio_at_least(0.9),
             Target::at_least(100_000.0, "jobs/s"),
         ],
+    );
+    r.jobq(
+        "enqueue_many: batches of 1,000 on one connection held for the round (1 client)",
+        many_conn,
+        Some("bulk_best_paired"),
+        vec![Target::ratio_at_least(0.9)],
     );
     Ok(())
 }

@@ -395,6 +395,108 @@ async fn job_insert_many_unkeyed(
     wake: Wake<'_>,
 ) -> Result<(Vec<Enqueued>, Db), Error> {
     let n = jobs.len();
+    let row = match uniform(jobs) {
+        Some(first) => job_insert_many_uniform(conn, first, jobs, wake).await?,
+        None => job_insert_many_columns(conn, jobs, wake).await?,
+    };
+    let db: Db = row.try_get("db")?;
+    let ids: Vec<i64> = row.try_get("ids")?;
+    if ids.len() != n {
+        return Err(Error::invalid(
+            "insert_count_mismatch",
+            format!(
+                "inserted a batch of {n} jobs but got {} ids back",
+                ids.len()
+            ),
+        ));
+    }
+    let enqueued = ids
+        .into_iter()
+        .map(|id| Enqueued {
+            id: JobId(id),
+            duplicate: false,
+            replaced: false,
+        })
+        .collect();
+    Ok((enqueued, db))
+}
+
+/// The one result row of an unkeyed batch insert whose CTE `input` drew `new_id` for
+/// each input row `ord`: the ids in input order, the wake-up ([`wake_sql!`]) and the
+/// database.
+macro_rules! unkeyed_batch_result_sql {
+    ($queues:literal, $recent:literal) => {
+        concat!(
+            "SELECT (SELECT array_agg(new_id ORDER BY ord) FROM input) AS ids, ",
+            wake_sql!($queues, $recent),
+            " AS woke, ",
+            database_sql!(),
+            " AS db"
+        )
+    };
+}
+
+/// The first job of `jobs` if every job of the batch has its kind, queue, priority and
+/// maximum attempts and none has a time: the batch `J::enqueue_many` makes with the
+/// kind's defaults, which [`job_insert_many_uniform`] writes.
+fn uniform(jobs: &[NewJob]) -> Option<&NewJob> {
+    let first = jobs.first()?;
+    jobs.iter()
+        .all(|j| {
+            j.kind == first.kind
+                && j.queue == first.queue
+                && j.priority == first.priority
+                && j.max_attempts == first.max_attempts
+                && j.run_after.is_none()
+                && j.delay_secs.is_none()
+        })
+        .then_some(first)
+}
+
+/// The unkeyed batch insert of a [`uniform`] batch: the payloads are its only array and
+/// every row is due at once, so the statement does what a hand-written `INSERT … SELECT
+/// FROM unnest(…)` does (the per-row columns and time arithmetic of
+/// [`job_insert_many_columns`] cost about a tenth of bulk throughput).
+async fn job_insert_many_uniform(
+    conn: &mut PgConnection,
+    first: &NewJob,
+    jobs: &[NewJob],
+    wake: Wake<'_>,
+) -> Result<sqlx::postgres::PgRow, Error> {
+    let payloads: Vec<&str> = jobs.iter().map(|j| j.payload.as_str()).collect();
+    let row = sqlx::query(concat!(
+        r#"
+        WITH input AS (
+            SELECT t.payload, t.ord, nextval('jobq.jobs_id_seq') AS new_id
+            FROM unnest($1::text[]) WITH ORDINALITY AS t(payload, ord)
+        ),
+        ins AS (
+            INSERT INTO jobq.jobs
+                (id, kind, queue, payload, priority, max_attempts, run_after, state)
+            SELECT new_id, $2, $3, payload::jsonb, $4, $5, now(), 'pending'
+            FROM input
+        )
+        "#,
+        unkeyed_batch_result_sql!("$6", "$7")
+    ))
+    .bind(&payloads)
+    .bind(&first.kind)
+    .bind(&first.queue)
+    .bind(first.priority)
+    .bind(first.max_attempts)
+    .bind(wake.queues)
+    .bind(wake.recent)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(row)
+}
+
+/// The unkeyed batch insert of any plain batch, each column an array.
+async fn job_insert_many_columns(
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+    wake: Wake<'_>,
+) -> Result<sqlx::postgres::PgRow, Error> {
     let c = Columns::of(jobs);
     let row = bind_columns(
         sqlx::query(concat!(
@@ -417,12 +519,8 @@ async fn job_insert_many_unkeyed(
                  LATERAL (SELECT coalesce(run_after, CASE WHEN delay IS NULL THEN now()
                                           ELSE now() + make_interval(secs => delay) END) AS at) t
         )
-        SELECT (SELECT array_agg(new_id ORDER BY ord) FROM input) AS ids,
-               "#,
-            wake_sql!("$8", "$9"),
-            " AS woke, ",
-            database_sql!(),
-            " AS db"
+        "#,
+            unkeyed_batch_result_sql!("$8", "$9")
         )),
         &c,
     )
@@ -430,26 +528,7 @@ async fn job_insert_many_unkeyed(
     .bind(wake.recent)
     .fetch_one(&mut *conn)
     .await?;
-    let db: Db = row.try_get("db")?;
-    let ids: Vec<i64> = row.try_get("ids")?;
-    if ids.len() != n {
-        return Err(Error::invalid(
-            "insert_count_mismatch",
-            format!(
-                "inserted a batch of {n} jobs but got {} ids back",
-                ids.len()
-            ),
-        ));
-    }
-    let enqueued = ids
-        .into_iter()
-        .map(|id| Enqueued {
-            id: JobId(id),
-            duplicate: false,
-            replaced: false,
-        })
-        .collect();
-    Ok((enqueued, db))
+    Ok(row)
 }
 
 /// The `db` column of a batch insert's first row.
