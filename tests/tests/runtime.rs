@@ -1290,6 +1290,54 @@ async fn wake_ups_of_enqueues_in_transactions_ride_in_the_transaction() -> anyho
     Ok(())
 }
 
+/// A batch whose jobs are all duplicates of existing ones inserts nothing and wakes no
+/// producer, whichever batch statement writes it (idempotency keys; uniqueness).
+#[tokio::test]
+async fn a_batch_of_duplicates_wakes_no_one() -> anyhow::Result<()> {
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let mut listener = listen_for_wake_ups(pool).await?;
+    tests::IdleKeyed::enqueue(pool, N { n: 1 }).await?;
+    tests::Idle::with(N { n: 1 })
+        .unique(jobq::Unique::new())
+        .enqueue(pool)
+        .await?;
+    // (The second may skip its wake-up within the first's cooldown.)
+    while next_wake_up(&mut listener, Duration::from_millis(300))
+        .await
+        .is_some()
+    {}
+    for round in 0..2 {
+        // Past the cooldown of the enqueue before (see `jobq::notify`).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let out = if round == 0 {
+            tests::IdleKeyed::enqueue_many(pool, [N { n: 1 }, N { n: 1 }]).await?
+        } else {
+            tests::Idle::enqueue_many_with(
+                pool,
+                [tests::Idle::with(N { n: 1 }).unique(jobq::Unique::new())],
+            )
+            .await?
+        };
+        assert!(out.iter().all(|e| e.duplicate), "{out:?}");
+        assert_eq!(
+            next_wake_up(&mut listener, Duration::from_millis(300)).await,
+            None,
+            "round {round}: a batch of duplicates woke producers"
+        );
+    }
+    // A batch with one new job among duplicates wakes them.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    tests::IdleKeyed::enqueue_many(pool, [N { n: 1 }, N { n: 2 }]).await?;
+    assert!(
+        next_wake_up(&mut listener, Duration::from_secs(5))
+            .await
+            .is_some()
+    );
+    db.close().await;
+    Ok(())
+}
+
 /// An enqueue right after another of the same queue skips its wake-up (the cooldown);
 /// the producer woken by the first finds the second's job by the claims it makes after
 /// the queue ran dry — polling alone would take an hour.

@@ -45,13 +45,15 @@ macro_rules! wake_sql {
 }
 
 /// The columns `woke` ([`wake_sql!`]) and `db` ([`database_sql!`]) of a batch insert's
-/// result, on its first input row only (`i.ord = 1`), so the batch notifies once.
+/// result, on its first input row only (`i.ord = 1`), so the batch notifies once, and
+/// only if its CTE `ins` inserted a row: a batch of duplicates wakes no one, and its
+/// `db` is NULL, so the enqueue does not count it as a wake-up for the cooldown.
 macro_rules! wake_columns_sql {
     ($queues:literal, $recent:literal) => {
         concat!(
-            "CASE WHEN i.ord = 1 THEN ",
+            "CASE WHEN i.ord = 1 AND EXISTS (SELECT 1 FROM ins) THEN ",
             wake_sql!($queues, $recent),
-            " END AS woke, CASE WHEN i.ord = 1 THEN ",
+            " END AS woke, CASE WHEN i.ord = 1 AND EXISTS (SELECT 1 FROM ins) THEN ",
             database_sql!(),
             " END AS db"
         )
