@@ -18,7 +18,7 @@ pub(crate) async fn job_fence_check(
     fence: i64,
 ) -> Result<bool, Error> {
     let held: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM jobq.jobs WHERE id = $1 AND lease_gen = $2 AND state = 'running'
+        "SELECT 1 FROM jobq.jobs WHERE id = $1 AND lease_gen = $2 AND (state = 'running') IS TRUE
          FOR NO KEY UPDATE",
     )
     .bind(id)
@@ -57,7 +57,7 @@ pub(crate) async fn job_complete_in_tx(
 ) -> Result<bool, Error> {
     let done = sqlx::query(
         "UPDATE jobq.jobs SET state = 'done', finished_at = now(), locked_until = NULL, locked_by = NULL
-         WHERE id = $1 AND lease_gen = $2 AND state = 'running'",
+         WHERE id = $1 AND lease_gen = $2 AND (state = 'running') IS TRUE",
     )
     .bind(id)
     .bind(fence)

@@ -903,7 +903,7 @@ pub(crate) async fn job_fail(
                         ELSE 'pending' END AS next_state,
                    coalesce($7, now()) AS at
             FROM jobq.jobs
-            WHERE id = $1 AND lease_gen = $2 AND state = 'running'
+            WHERE id = $1 AND lease_gen = $2 AND (state = 'running') IS TRUE
         )
         UPDATE jobq.jobs j
         -- `expired`: past its maximum age, the job is not retried whatever attempts remain.
@@ -925,7 +925,7 @@ pub(crate) async fn job_fail(
                             'attempt', j.attempts, 'at', cur.at, 'code', $4,
                             'message', $5, 'disposition', $3))
         FROM cur
-        WHERE j.id = cur.id AND j.lease_gen = $2 AND j.state = 'running'
+        WHERE j.id = cur.id AND j.lease_gen = $2 AND (j.state = 'running') IS TRUE
         RETURNING j.state, j.ordering_key IS NOT NULL
         "#,
     )
@@ -965,7 +965,7 @@ pub(crate) async fn job_hand_back(
             finished_at = CASE WHEN cancel_requested THEN now() ELSE NULL END,
             attempts = attempts - 1, run_after = now(),
             locked_until = NULL, locked_by = NULL
-        WHERE id = $1 AND lease_gen = $2 AND state = 'running'
+        WHERE id = $1 AND lease_gen = $2 AND (state = 'running') IS TRUE
         RETURNING state = 'cancelled' AND ordering_key IS NOT NULL
         "#,
     )

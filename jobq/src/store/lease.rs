@@ -194,7 +194,7 @@ pub(crate) async fn lease_extend_one(
 ) -> Result<bool, Error> {
     let done = sqlx::query(
         "UPDATE jobq.jobs SET locked_until = now() + make_interval(secs => $3)
-         WHERE id = $1 AND lease_gen = $2 AND state = 'running'",
+         WHERE id = $1 AND lease_gen = $2 AND (state = 'running') IS TRUE",
     )
     .bind(id)
     .bind(fence)

@@ -465,3 +465,83 @@ async fn batched_completion_and_heartbeat_match_every_fence_of_a_large_batch() {
     drop(conn);
     db.close().await;
 }
+
+/// The statements of one attempt, fenced by `(id, lease generation)`, read its row by
+/// primary key however many jobs run. Statistics taken while nothing ran (an idle
+/// queue analyzed, then a burst) made the partial lease index look empty, and the
+/// planner read every running job through it, for every fence check, completion in a
+/// transaction, failure, hand-back and lease extension.
+#[tokio::test]
+async fn an_attempts_fenced_statements_read_its_row_only() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    exec(
+        &mut conn,
+        "INSERT INTO jobq.jobs (kind, payload) SELECT 'a', '{}' FROM generate_series(1, 20000)",
+    )
+    .await;
+    exec(&mut conn, "VACUUM ANALYZE jobq.jobs").await;
+    exec(
+        &mut conn,
+        "UPDATE jobq.jobs SET state = 'running', attempts = 1, lease_gen = 1,
+                locked_until = now() + interval '1 hour', locked_by = 'w'",
+    )
+    .await;
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM jobq.jobs ORDER BY id LIMIT 6")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    let mut read = Vec::new();
+    for (step, id) in ids.into_iter().enumerate() {
+        let before = tuples_read(&mut conn).await;
+        let applied = match step {
+            0 => {
+                let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+                let held = job_fence_check(&mut tx, id, 1).await.unwrap();
+                tx.rollback().await.unwrap();
+                held
+            }
+            1 => job_complete_in_tx(&mut conn, id, 1).await.unwrap(),
+            2 => lease_extend_one(&mut conn, id, 1, 60.0).await.unwrap(),
+            3 => job_hand_back(&mut conn, id, 1).await.unwrap(),
+            4 => job_fail(
+                &mut conn,
+                &FailParams {
+                    id,
+                    fence: 1,
+                    disposition: crate::error::Disposition::Retryable,
+                    code: "x",
+                    message: "x",
+                    retry_in_secs: Some(60.0),
+                    now: None,
+                },
+            )
+            .await
+            .unwrap()
+            .is_some(),
+            _ => job_fail(
+                &mut conn,
+                &FailParams {
+                    id,
+                    fence: 1,
+                    disposition: crate::error::Disposition::Permanent,
+                    code: "x",
+                    message: "x",
+                    retry_in_secs: None,
+                    now: None,
+                },
+            )
+            .await
+            .unwrap()
+            .is_some(),
+        };
+        assert!(applied, "step {step} did not apply");
+        read.push(tuples_read(&mut conn).await - before);
+    }
+    assert!(
+        read.iter().all(|&n| n < 20),
+        "tuples read by each statement: {read:?}"
+    );
+    drop(conn);
+    db.close().await;
+}
