@@ -7,11 +7,11 @@
 //! where the clock matters, so tests can move time without sleeping. `None` means the
 //! database's clock.
 //!
-//! A statement that finds rows by primary key and also tests their state writes the
-//! test `(state = 'running') IS TRUE`: that form implies no partial index's predicate,
-//! so the planner cannot read the rows through the partial index of that state, which
-//! statistics taken while the state was empty make look free (an idle queue analyzed,
-//! then a burst: each fence check read every running job).
+//! The statements fenced by an attempt's `(id, lease generation)` test that the job
+//! still runs as `(state = 'running') IS TRUE`: that form implies no partial index's
+//! predicate, so the planner cannot read the row through the partial lease index, which
+//! statistics taken while nothing ran make look free (an idle queue analyzed, then a
+//! burst: each fence check read every running job).
 
 /// SQL naming the database a statement runs in: its name and the start time of its
 /// server, so that two servers with a database of the same name are told apart. The time
