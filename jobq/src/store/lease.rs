@@ -163,7 +163,8 @@ pub(crate) async fn job_reap(
                             'message', 'lease held by ' || coalesce(j.locked_by, 'unknown worker') || ' expired',
                             'disposition', 'retryable'))
         FROM expired e
-        WHERE j.id = e.id AND j.state = 'running' AND j.locked_until < coalesce($2, now())
+        WHERE j.id = e.id AND (j.state = 'running') IS TRUE
+          AND j.locked_until < coalesce($2, now())
         RETURNING j.state
         "#,
     )

@@ -7,11 +7,13 @@
 //! where the clock matters, so tests can move time without sleeping. `None` means the
 //! database's clock.
 //!
-//! The statements fenced by an attempt's `(id, lease generation)` test that the job
-//! still runs as `(state = 'running') IS TRUE`: that form implies no partial index's
-//! predicate, so the planner cannot read the row through the partial lease index, which
-//! statistics taken while nothing ran make look free (an idle queue analyzed, then a
-//! burst: each fence check read every running job).
+//! The statements fenced by an attempt's `(id, lease generation)`, and the updates of
+//! the promoter and the reaper that join their chosen rows back by primary key, test
+//! the state as `(state = 'running') IS TRUE` (or `'scheduled'`): that form implies no
+//! partial index's predicate, so the planner cannot read the rows through the partial
+//! index of that state, which statistics taken while the state was empty make look free
+//! (an idle queue analyzed, then a burst: each fence check read every running job, and
+//! a promotion of 1,000 jobs among 100,000 scheduled took 24 s in a nested loop).
 
 /// SQL naming the database a statement runs in: its name and the start time of its
 /// server, so that two servers with a database of the same name are told apart. The time

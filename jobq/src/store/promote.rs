@@ -29,7 +29,7 @@ pub(crate) async fn job_promote_due(
         upd AS (
             UPDATE jobq.jobs j SET state = 'pending'
             FROM due d
-            WHERE j.id = d.id AND j.state = 'scheduled'
+            WHERE j.id = d.id AND (j.state = 'scheduled') IS TRUE
             RETURNING j.queue
         ),
         wake AS (

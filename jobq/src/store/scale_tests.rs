@@ -545,3 +545,48 @@ async fn an_attempts_fenced_statements_read_its_row_only() {
     drop(conn);
     db.close().await;
 }
+
+/// The promoter's and the reaper's updates join the rows they chose back by primary key
+/// however many jobs are scheduled or running, also under statistics taken while there
+/// were none: the planner had scanned every scheduled job once per promoted one.
+#[tokio::test]
+async fn promotion_and_reaping_join_their_rows_by_primary_key() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    exec(
+        &mut conn,
+        "INSERT INTO jobq.jobs (kind, payload) SELECT 'a', '{}' FROM generate_series(1, 20000)",
+    )
+    .await;
+    exec(&mut conn, "VACUUM ANALYZE jobq.jobs").await;
+    exec(
+        &mut conn,
+        "UPDATE jobq.jobs SET state = 'scheduled', run_after = now() - interval '1 minute'",
+    )
+    .await;
+    let before = tuples_read(&mut conn).await;
+    assert_eq!(job_promote_due(&mut conn, 500, None).await.unwrap(), 500);
+    let promoted = tuples_read(&mut conn).await - before;
+
+    exec(
+        &mut conn,
+        "UPDATE jobq.jobs SET state = 'running', attempts = 1, lease_gen = 1,
+                locked_until = now() - interval '1 minute', locked_by = 'w'",
+    )
+    .await;
+    let before = tuples_read(&mut conn).await;
+    job_reap(&mut conn, 500, None).await.unwrap();
+    let reaped = tuples_read(&mut conn).await - before;
+    let requeued: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM jobq.jobs WHERE state = 'pending'")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    assert_eq!(requeued, 500);
+    assert!(
+        promoted < 2_000 && reaped < 2_000,
+        "tuples read: promoting 500 {promoted}, reaping 500 {reaped}"
+    );
+    drop(conn);
+    db.close().await;
+}
