@@ -466,6 +466,18 @@ async fn batched_completion_and_heartbeat_match_every_fence_of_a_large_batch() {
     db.close().await;
 }
 
+/// 20,000 pending jobs, analyzed while every job is pending, then `change` without a
+/// new ANALYZE: statistics that say no job is in the state `change` moves them to.
+async fn analyzed_pending_then(conn: &mut sqlx::PgConnection, change: &str) {
+    exec(
+        conn,
+        "INSERT INTO jobq.jobs (kind, payload) SELECT 'a', '{}' FROM generate_series(1, 20000)",
+    )
+    .await;
+    exec(conn, "VACUUM ANALYZE jobq.jobs").await;
+    exec(conn, change).await;
+}
+
 /// The statements of one attempt, fenced by `(id, lease generation)`, read its row by
 /// primary key however many jobs run. Statistics taken while nothing ran (an idle
 /// queue analyzed, then a burst) made the partial lease index look empty, and the
@@ -475,13 +487,7 @@ async fn batched_completion_and_heartbeat_match_every_fence_of_a_large_batch() {
 async fn an_attempts_fenced_statements_read_its_row_only() {
     let db = jobq_testing::TestDatabase::new().await.unwrap();
     let mut conn = db.pool().acquire().await.unwrap();
-    exec(
-        &mut conn,
-        "INSERT INTO jobq.jobs (kind, payload) SELECT 'a', '{}' FROM generate_series(1, 20000)",
-    )
-    .await;
-    exec(&mut conn, "VACUUM ANALYZE jobq.jobs").await;
-    exec(
+    analyzed_pending_then(
         &mut conn,
         "UPDATE jobq.jobs SET state = 'running', attempts = 1, lease_gen = 1,
                 locked_until = now() + interval '1 hour', locked_by = 'w'",
@@ -504,36 +510,24 @@ async fn an_attempts_fenced_statements_read_its_row_only() {
             1 => job_complete_in_tx(&mut conn, id, 1).await.unwrap(),
             2 => lease_extend_one(&mut conn, id, 1, 60.0).await.unwrap(),
             3 => job_hand_back(&mut conn, id, 1).await.unwrap(),
-            4 => job_fail(
-                &mut conn,
-                &FailParams {
+            // A retry, then a permanent failure.
+            _ => {
+                let (disposition, retry_in_secs) = if step == 4 {
+                    (crate::error::Disposition::Retryable, Some(60.0))
+                } else {
+                    (crate::error::Disposition::Permanent, None)
+                };
+                let p = FailParams {
                     id,
                     fence: 1,
-                    disposition: crate::error::Disposition::Retryable,
+                    disposition,
                     code: "x",
                     message: "x",
-                    retry_in_secs: Some(60.0),
+                    retry_in_secs,
                     now: None,
-                },
-            )
-            .await
-            .unwrap()
-            .is_some(),
-            _ => job_fail(
-                &mut conn,
-                &FailParams {
-                    id,
-                    fence: 1,
-                    disposition: crate::error::Disposition::Permanent,
-                    code: "x",
-                    message: "x",
-                    retry_in_secs: None,
-                    now: None,
-                },
-            )
-            .await
-            .unwrap()
-            .is_some(),
+                };
+                job_fail(&mut conn, &p).await.unwrap().is_some()
+            }
         };
         assert!(applied, "step {step} did not apply");
         read.push(tuples_read(&mut conn).await - before);
@@ -553,13 +547,7 @@ async fn an_attempts_fenced_statements_read_its_row_only() {
 async fn promotion_and_reaping_join_their_rows_by_primary_key() {
     let db = jobq_testing::TestDatabase::new().await.unwrap();
     let mut conn = db.pool().acquire().await.unwrap();
-    exec(
-        &mut conn,
-        "INSERT INTO jobq.jobs (kind, payload) SELECT 'a', '{}' FROM generate_series(1, 20000)",
-    )
-    .await;
-    exec(&mut conn, "VACUUM ANALYZE jobq.jobs").await;
-    exec(
+    analyzed_pending_then(
         &mut conn,
         "UPDATE jobq.jobs SET state = 'scheduled', run_after = now() - interval '1 minute'",
     )
