@@ -57,10 +57,12 @@ impl Pace {
             .map_or(true, |next| next.is_none_or(|next| now >= next))
     }
 
-    /// How long from `now` until a run is due, if it is not due yet.
-    pub(crate) fn due_in(&self, now: Instant) -> Option<Duration> {
-        let next = (*self.0.lock().ok()?)?;
-        (next > now).then(|| next - now)
+    /// How long from `now` until a run is due: zero when it is due already (as
+    /// [`Pace::due`] says).
+    pub(crate) fn due_in(&self, now: Instant) -> Duration {
+        self.0.lock().map_or(Duration::ZERO, |next| {
+            next.map_or(Duration::ZERO, |next| next.saturating_duration_since(now))
+        })
     }
 
     /// Records a run that started at `started` and took `took`.

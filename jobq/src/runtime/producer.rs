@@ -293,10 +293,10 @@ impl Cursor {
         (!self.full.due(now)).then(|| self.after.clone())
     }
 
-    /// How long from `now` until a full claim is due, after a claim from positions (a
-    /// full claim that came back short has seen every job due).
+    /// How long from `now` until a full claim is due (zero: at once), after a claim
+    /// from positions (a full claim that came back short has seen every job due).
     pub(crate) fn full_in(&self, now: Instant) -> Option<Duration> {
-        self.from_positions.then(|| self.full.due_in(now)).flatten()
+        self.from_positions.then(|| self.full.due_in(now))
     }
 
     /// Records a claim that started `at` and took `took`, full or not, and the jobs it
@@ -561,7 +561,8 @@ mod tests {
         assert_eq!(cursor.full_in(t0 + ms(150)), None);
         cursor.record(false, t0 + ms(15), ms(1), &kinds, &[]);
         assert_eq!(cursor.full_in(t0 + ms(150)), Some(ms(50)));
-        assert_eq!(cursor.full_in(t0 + ms(200)), None);
+        // Due already (it fell due while that claim ran): at once, not at the poll.
+        assert_eq!(cursor.full_in(t0 + ms(200)), Some(Duration::ZERO));
 
         // From a position, a kind's position only moves forward; one claiming nothing
         // keeps its own.
