@@ -207,9 +207,13 @@ impl Pruner {
         let mut audit_row = None;
         for rule in self.rules() {
             let p = params(&rule, now, &except);
+            // Each batch starts where the one before ended (see `job_prune_batch`); a
+            // row skipped as locked behind it waits for the next pass.
+            let mut from = None;
             loop {
                 let mut tx = self.pool.begin().await?;
-                let n = store::job_prune_batch(&mut tx, &p, batch).await?;
+                let (n, last) = store::job_prune_batch(&mut tx, &p, from, batch).await?;
+                from = last.or(from);
                 report.batches += 1;
                 add(&mut report, rule.state, n);
                 self.audit(&mut tx, &mut audit_row, n, &report).await?;

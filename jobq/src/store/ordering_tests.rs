@@ -465,7 +465,10 @@ async fn the_pruner_keeps_a_failed_job_that_parks_its_key() {
         kind: None,
         except_kinds: &[],
     };
-    assert_eq!(job_prune_batch(&mut conn, &p, 100).await.unwrap(), 1);
+    assert_eq!(
+        job_prune_batch(&mut conn, &p, None, 100).await.unwrap().0,
+        1
+    );
     assert!(job_get(&mut conn, u).await.unwrap().is_none());
     assert!(job_get(&mut conn, a1).await.unwrap().is_some());
 }

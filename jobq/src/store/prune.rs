@@ -29,19 +29,26 @@ const PRUNE_WHERE: &str = "state = $1 AND finished_at < $2
       AND ($3::text IS NOT NULL OR NOT (kind = ANY($4)))
       AND NOT (state = 'failed' AND ordering_key IS NOT NULL AND NOT ordering_skipped)";
 
-/// Deletes up to `batch` matching rows (oldest first, skipping rows another transaction
-/// holds) and their effect-ledger rows. Returns how many jobs it deleted; fewer than
-/// `batch` means nothing more is due.
+/// Deletes up to `batch` matching rows that finished at `from` or later (`None`: any
+/// time), oldest first, skipping rows another transaction holds, and their effect-ledger
+/// rows. Returns how many jobs it deleted (fewer than `batch`: nothing more is due) and
+/// when the last of them had finished, where the pass's next batch starts.
+///
+/// Starting there matters while a snapshot is held open somewhere: the index entries of
+/// the rows a pass deleted stay until vacuum may remove them, and each batch reading
+/// from the oldest walked every one of them (a pass of many batches read quadratically).
 pub(crate) async fn job_prune_batch(
     conn: &mut PgConnection,
     p: &PruneParams<'_>,
+    from: Option<DateTime<Utc>>,
     batch: i64,
-) -> Result<u64, Error> {
+) -> Result<(u64, Option<DateTime<Utc>>), Error> {
     let sql = format!(
         r#"
         WITH doomed AS MATERIALIZED (
             SELECT id FROM jobq.jobs
             WHERE state IN ('done', 'failed', 'cancelled') AND {PRUNE_WHERE}
+              AND finished_at >= coalesce($6, '-infinity'::timestamptz)
             ORDER BY finished_at
             LIMIT $5
             FOR UPDATE SKIP LOCKED
@@ -49,23 +56,24 @@ pub(crate) async fn job_prune_batch(
         del AS (
             DELETE FROM jobq.jobs j USING doomed d
             WHERE j.id = d.id AND j.state = $1
-            RETURNING j.id
+            RETURNING j.id, j.finished_at
         ),
         effects AS (
             DELETE FROM jobq.job_effects e USING del WHERE e.job_id = del.id
         )
-        SELECT count(*) FROM del
+        SELECT count(*), max(finished_at) FROM del
         "#
     );
-    let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+    let (n, last): (i64, Option<DateTime<Utc>>) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(p.state)
         .bind(p.before)
         .bind(p.kind)
         .bind(p.except_kinds)
         .bind(batch)
+        .bind(from)
         .fetch_one(&mut *conn)
         .await?;
-    Ok(u64::try_from(n).unwrap_or(0))
+    Ok((u64::try_from(n).unwrap_or(0), last))
 }
 
 /// How many rows a prune with `p` would delete now.

@@ -3,9 +3,8 @@
 
 use super::*;
 
-/// Index and sequential tuples read from `jobq.jobs` so far, after flushing this
-/// backend's statistics.
-async fn tuples_read(conn: &mut sqlx::PgConnection) -> i64 {
+/// Flushes this backend's statistics and reads them afresh from then on.
+async fn flush_stats(conn: &mut sqlx::PgConnection) {
     sqlx::query("SELECT pg_stat_force_next_flush()")
         .execute(&mut *conn)
         .await
@@ -14,6 +13,25 @@ async fn tuples_read(conn: &mut sqlx::PgConnection) -> i64 {
         .execute(&mut *conn)
         .await
         .unwrap();
+}
+
+/// Entries read from the index `name` of `jobq.jobs` so far, after [`flush_stats`].
+async fn index_tuples_read(conn: &mut sqlx::PgConnection, name: &str) -> i64 {
+    flush_stats(conn).await;
+    sqlx::query_scalar(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes
+         WHERE relid = 'jobq.jobs'::regclass AND indexrelname = $1",
+    )
+    .bind(name)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// Index and sequential tuples read from `jobq.jobs` so far, after flushing this
+/// backend's statistics.
+async fn tuples_read(conn: &mut sqlx::PgConnection) -> i64 {
+    flush_stats(conn).await;
     sqlx::query_scalar(
         "SELECT (SELECT coalesce(sum(idx_tup_read), 0)::int8 FROM pg_stat_user_indexes
                  WHERE relid = 'jobq.jobs'::regclass)
@@ -23,6 +41,20 @@ async fn tuples_read(conn: &mut sqlx::PgConnection) -> i64 {
     .fetch_one(&mut *conn)
     .await
     .unwrap()
+}
+
+/// A connection holding a snapshot open, in the test's database (others do not hold its
+/// horizon back) until it commits.
+async fn hold_snapshot(
+    db: &jobq_testing::TestDatabase,
+) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
+    let mut old = db.pool().acquire().await.unwrap();
+    exec(
+        &mut old,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT txid_current();",
+    )
+    .await;
+    old
 }
 
 async fn exec(conn: &mut sqlx::PgConnection, sql: &str) {
@@ -147,13 +179,7 @@ async fn a_claim_from_a_position_reads_no_entry_of_the_jobs_claimed_before_it() 
          ANALYZE jobq.jobs;",
     )
     .await;
-    // The held snapshot, in the same database (others do not hold its horizon back).
-    let mut old = db.pool().acquire().await.unwrap();
-    exec(
-        &mut old,
-        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT txid_current();",
-    )
-    .await;
+    let mut old = hold_snapshot(&db).await;
     let kinds = ["a".to_owned(), "b".to_owned()];
     let params = |limit, after| ClaimParams {
         queue: "default",
@@ -576,5 +602,52 @@ async fn promotion_and_reaping_join_their_rows_by_primary_key() {
         "tuples read: promoting 500 {promoted}, reaping 500 {reaped}"
     );
     drop(conn);
+    db.close().await;
+}
+
+/// While a snapshot is held open, each prune batch starts where the one before ended:
+/// the index entries of the rows the pass deleted stay, and a batch reading from the
+/// oldest walked all of them (a pass of 30 batches read 30 times its rows).
+#[tokio::test]
+async fn a_prune_pass_reads_past_what_it_deleted_once() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    // One connection: the pruner's statistics are this backend's, which `tuples_read`
+    // flushes.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*db.pool().connect_options()).clone())
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    exec(
+        &mut conn,
+        "INSERT INTO jobq.jobs (kind, payload, state, finished_at)
+           SELECT 'a', '{}', 'done', now() - interval '10 days' + i * interval '1 second'
+           FROM generate_series(1, 3000) i;
+         ANALYZE jobq.jobs;",
+    )
+    .await;
+    let mut old = hold_snapshot(&db).await;
+    let before = index_tuples_read(&mut conn, "jobs_finished_idx").await;
+    drop(conn);
+    let pruner = crate::maintenance::Pruner::new(
+        pool.clone(),
+        crate::maintenance::PrunerConfig {
+            batch: 100,
+            ..Default::default()
+        },
+    );
+    let report = pruner.run_once().await.unwrap();
+    assert_eq!(report.done, 3000);
+    let mut conn = pool.acquire().await.unwrap();
+    let read = index_tuples_read(&mut conn, "jobs_finished_idx").await - before;
+    // Each deleted row once, and the rows a batch's start shares a second with.
+    assert!(
+        read < 3_500,
+        "the pass read {read} entries of jobs_finished_idx"
+    );
+    exec(&mut old, "COMMIT").await;
+    drop((conn, old));
+    pool.close().await;
     db.close().await;
 }
