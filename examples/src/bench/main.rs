@@ -457,6 +457,8 @@ pub(crate) struct DrainRun {
     wal_per_job: f64,
     dead_tuples: f64,
     rss_kib: Vec<u64>,
+    /// Worker processes' CPU time per job done, µs.
+    cpu_us_per_job: f64,
     capped: bool,
 }
 
@@ -505,8 +507,11 @@ pub(crate) async fn drain_filled(
     let elapsed = start.elapsed();
     let done = db.count_state("done").await?;
     let mut rss_kib = Vec::new();
+    let mut cpu = Duration::ZERO;
     for w in workers {
-        rss_kib.push(w.stop().await?);
+        let used = w.stop().await?;
+        rss_kib.push(used.rss_kib);
+        cpu += used.cpu;
     }
     db.settle_stats().await?;
     let after = db.counters().await?;
@@ -522,6 +527,7 @@ pub(crate) async fn drain_filled(
         wal_per_job: (after.wal_bytes - before.wal_bytes) / d,
         dead_tuples: after.dead_tuples as f64,
         rss_kib,
+        cpu_us_per_job: cpu.as_secs_f64() * 1e6 / d,
         capped,
     })
 }
@@ -529,9 +535,10 @@ pub(crate) async fn drain_filled(
 /// The drain rows; returns the best concurrency.
 async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<usize> {
     let mut best: Option<(usize, f64)> = None;
-    type Figures = (Samples, Samples, Samples, Samples, Samples, bool);
+    type Figures = (Samples, Samples, Samples, Samples, Samples, Samples, bool);
     let mut figures: Vec<Figures> = vec![Default::default(); s.concurrencies.len()];
     let mut paired = Samples::default();
+    let mut paired_cpu = Samples::default();
     for rep in 0..s.reps {
         // The batched ceiling once per repetition, right before jobq's drains, so their
         // ratio compares the two under the same load.
@@ -541,7 +548,11 @@ async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<usi
         ));
         db.reset().await?;
         db.fill(s.jobs).await?;
+        // This process does nothing else meanwhile: its CPU time is the raw loop's.
+        let cpu = crate::util::cpu_time();
         paired.push(raw::drain(db, 4, 100).await?);
+        let cpu = crate::util::cpu_time().saturating_sub(cpu);
+        paired_cpu.push(cpu.as_secs_f64() * 1e6 / s.jobs as f64);
         for (&c, f) in s.concurrencies.iter().zip(figures.iter_mut()) {
             progress(&format!("drain, repetition {}: concurrency {c}", rep + 1));
             let run = drain_once(s, db, 1, c).await?;
@@ -550,7 +561,8 @@ async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<usi
             f.2.push(run.wal_per_job);
             f.3.push(run.dead_tuples);
             f.4.push(run.rss_kib[0] as f64 / 1024.0);
-            f.5 |= run.capped;
+            f.5.push(run.cpu_us_per_job);
+            f.6 |= run.capped;
         }
     }
     r.ceiling(
@@ -558,15 +570,21 @@ async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<usi
         "ceiling, paired: claim 100 + complete 100 (4 clients), run before each repetition's drains",
         paired,
     );
+    r.cost(
+        "  client process CPU per job, paired ceiling",
+        paired_cpu,
+        "µs",
+        vec![],
+    );
     let mut rows = Vec::new();
-    for (&c, (rate, commits, wal, dead, rss, capped)) in s.concurrencies.iter().zip(figures) {
+    for (&c, (rate, commits, wal, dead, rss, cpu, capped)) in s.concurrencies.iter().zip(figures) {
         let m = rate.median();
         if best.is_none_or(|(_, b)| m > b) {
             best = Some((c, m));
         }
-        rows.push((c, rate, commits, wal, dead, rss, capped));
+        rows.push((c, rate, commits, wal, dead, rss, cpu, capped));
     }
-    for (c, rate, commits, wal, dead, rss, capped) in rows {
+    for (c, rate, commits, wal, dead, rss, cpu, capped) in rows {
         let is_best = best.is_some_and(|(b, _)| b == c);
         let note = if capped {
             format!(" (stopped after {:?})", s.drain_cap)
@@ -604,6 +622,12 @@ async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<usi
             vec![],
         );
         r.cost(&format!("  dead tuples left, c={c}"), dead, "", vec![]);
+        r.cost(
+            &format!("  worker process CPU per job, c={c}"),
+            cpu,
+            "µs",
+            vec![],
+        );
         if c == 256 {
             r.cost(
                 "memory: peak RSS of a worker process draining at concurrency 256",

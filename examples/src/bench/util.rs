@@ -264,6 +264,22 @@ pub(crate) fn quantile(v: &[f64], q: f64) -> f64 {
     v[rank.clamp(1, v.len()) - 1]
 }
 
+/// CPU time this process has used, user and system, all threads (`/proc/self/stat`, in
+/// clock ticks of 10 ms).
+pub(crate) fn cpu_time() -> Duration {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // The fields after the command name: utime and stime are the 12th and 13th.
+            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+            let utime: u64 = rest.get(11)?.parse().ok()?;
+            let stime: u64 = rest.get(12)?.parse().ok()?;
+            Some(utime + stime)
+        })
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
 /// Peak resident set size of this process in KiB (`VmHWM`).
 pub(crate) fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")

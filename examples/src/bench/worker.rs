@@ -4,7 +4,7 @@
 //!
 //! Protocol on stdin/stdout, one line each: the child prints `ready` once its pool is
 //! connected, starts its runtime on `go`, shuts down on `stop` (or end of input) and
-//! prints `rss_kib <VmHWM>` before it exits.
+//! prints `rss_kib <VmHWM> cpu_ms <CPU time since go>` before it exits.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -15,7 +15,7 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-use crate::util::{Noop, peak_rss_kib};
+use crate::util::{Noop, cpu_time, peak_rss_kib};
 
 /// Connections each worker process's pool holds: the runtime needs one each for claims,
 /// completions, heartbeats and the reaper, and LISTEN takes its own.
@@ -41,6 +41,7 @@ pub(crate) async fn child_main(url: &str, concurrency: usize) -> anyhow::Result<
         Some("go") => {}
         _ => return Ok(()),
     }
+    let cpu_at_go = cpu_time();
     let handle = runtime.start().await?;
     // Wait for `stop` or the parent going away.
     while let Some(line) = lines.next_line().await? {
@@ -49,8 +50,9 @@ pub(crate) async fn child_main(url: &str, concurrency: usize) -> anyhow::Result<
         }
     }
     handle.shutdown().await;
-    out.write_all(format!("rss_kib {}\n", peak_rss_kib()).as_bytes())
-        .await?;
+    let cpu = cpu_time().saturating_sub(cpu_at_go);
+    let report = format!("rss_kib {} cpu_ms {}\n", peak_rss_kib(), cpu.as_millis());
+    out.write_all(report.as_bytes()).await?;
     out.flush().await?;
     Ok(())
 }
@@ -99,8 +101,8 @@ impl Worker {
         Ok(())
     }
 
-    /// Shuts the worker down and returns its peak RSS in KiB.
-    pub(crate) async fn stop(mut self) -> anyhow::Result<u64> {
+    /// Shuts the worker down and returns what it used.
+    pub(crate) async fn stop(mut self) -> anyhow::Result<Used> {
         self.stdin.write_all(b"stop\n").await?;
         self.stdin.flush().await?;
         let line = tokio::time::timeout(Duration::from_secs(60), self.stdout.next_line())
@@ -110,9 +112,27 @@ impl Worker {
         if !status.success() {
             bail!("worker process exited with {status}");
         }
-        line.as_deref()
-            .and_then(|l| l.strip_prefix("rss_kib "))
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("unexpected worker report {line:?}"))
+        let used = line.as_deref().and_then(|l| {
+            let mut words = l.split_whitespace();
+            let (Some("rss_kib"), Some(rss), Some("cpu_ms"), Some(cpu)) =
+                (words.next(), words.next(), words.next(), words.next())
+            else {
+                return None;
+            };
+            Some(Used {
+                rss_kib: rss.parse().ok()?,
+                cpu: Duration::from_millis(cpu.parse().ok()?),
+            })
+        });
+        used.with_context(|| format!("unexpected worker report {line:?}"))
     }
+}
+
+/// What a worker process used.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Used {
+    /// Peak resident set size, KiB.
+    pub(crate) rss_kib: u64,
+    /// CPU time from `go` to its report, all threads (10 ms ticks).
+    pub(crate) cpu: Duration,
 }
