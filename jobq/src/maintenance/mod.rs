@@ -74,6 +74,23 @@ impl Pace {
     }
 }
 
+/// Runs `pass` unless `pace` says it is not due yet (`None`: always), and records its
+/// run on the pace. `None` when it did not run.
+pub(crate) async fn paced<T>(
+    pace: Option<&Pace>,
+    pass: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let started = Instant::now();
+    if !pace.is_none_or(|p| p.due(started)) {
+        return None;
+    }
+    let out = pass.await;
+    if let Some(p) = pace {
+        p.ran(started, started.elapsed());
+    }
+    Some(out)
+}
+
 /// The loop every service shares: `pass`, then a wait of `interval` spread by ±10 %,
 /// until `stop` is cancelled (checked between passes, never during one).
 pub(crate) async fn every<F, Fut>(interval: Duration, stop: CancellationToken, mut pass: F)
@@ -93,4 +110,26 @@ where
 /// `interval` spread by ±10 %, so services on many nodes do not beat in step.
 pub(crate) fn jittered(interval: Duration) -> Duration {
     interval.mul_f64(0.9 + rand::random::<f64>() * 0.2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_slow_pass_spaces_out_the_next_and_a_fast_one_does_not() {
+        let slow = || tokio::time::sleep(Duration::from_millis(100));
+        let pace = Pace::default();
+        assert_eq!(paced(Some(&pace), slow()).await, Some(()));
+        // 100 ms: the next is due 2 s after it started.
+        assert_eq!(paced(Some(&pace), async {}).await, None);
+        assert!(pace.due_in(Instant::now()) > Duration::from_millis(1500));
+
+        let pace = Pace::default();
+        assert_eq!(paced(Some(&pace), async { 1 }).await, Some(1));
+        assert_eq!(paced(Some(&pace), async { 2 }).await, Some(2));
+        // Without a pace, always.
+        assert_eq!(paced(None, slow()).await, Some(()));
+        assert_eq!(paced(None, slow()).await, Some(()));
+    }
 }

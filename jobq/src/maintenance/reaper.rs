@@ -71,11 +71,18 @@ impl Reaper {
         }
     }
 
-    /// Runs a pass every (jittered) interval until `stop`.
+    /// Runs a pass every (jittered) interval until `stop`. A pass that has grown slow
+    /// spaces out the next (see [`Pace`](super::Pace)): while a snapshot is held open, the
+    /// lease index keeps an entry for every version of every running job since, most of
+    /// them expired, and each pass walks them all.
     pub async fn run(self, stop: CancellationToken) {
         let this = &self;
+        let pace = &super::Pace::default();
         super::every(self.config.interval, stop, || async move {
-            match this.run_once().await {
+            let Some(pass) = super::paced(Some(pace), this.run_once()).await else {
+                return;
+            };
+            match pass {
                 Ok(r) if r.rescued + r.failed > 0 => info!(
                     rescued = r.rescued,
                     failed = r.failed,

@@ -449,20 +449,17 @@ impl Scheduler {
         }
         // Expired jobs are never claimed (the claim tests `expires_at`), so a sweep that
         // has grown slow may wait: it only writes down their ends.
-        let started = tokio::time::Instant::now();
-        if expiry.is_none_or(|p| p.due(started)) {
+        let sweep = async {
             loop {
                 let mut conn = self.pool.acquire().await?;
                 let n = store::job_expire_due(&mut conn, self.config.batch, now).await?;
                 report.expired += n;
                 if n < u64::try_from(self.config.batch).unwrap_or(0) {
-                    break;
+                    return Ok::<_, Error>(());
                 }
             }
-            if let Some(p) = expiry {
-                p.ran(started, started.elapsed());
-            }
-        }
+        };
+        super::paced(expiry, sweep).await.transpose()?;
         Ok(report)
     }
 

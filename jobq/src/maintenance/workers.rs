@@ -87,12 +87,8 @@ impl WorkerPresence {
         let mut conn = self.pool.acquire().await?;
         store::worker_upsert(&mut conn, &self.id, &self.queues, &self.kinds).await?;
         store::worker_delete_stale(&mut conn, self.config.forget_after.as_secs_f64()).await?;
-        let started = tokio::time::Instant::now();
-        if depths.is_none_or(|p| p.due(started)) {
-            let read = store::queue_depths(&mut conn, &self.served_queues).await?;
-            if let Some(p) = depths {
-                p.ran(started, started.elapsed());
-            }
+        let read = super::paced(depths, store::queue_depths(&mut conn, &self.served_queues));
+        if let Some(read) = read.await.transpose()? {
             for q in &self.served_queues {
                 let (depth, age) = read
                     .iter()
