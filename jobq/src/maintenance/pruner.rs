@@ -224,9 +224,11 @@ impl Pruner {
             }
         }
         let inbox_before = cutoff(now, self.config.inbox_after);
+        let mut from = None;
         loop {
             let mut tx = self.pool.begin().await?;
-            let n = store::inbox_prune_batch(&mut tx, inbox_before, batch).await?;
+            let (n, last) = store::inbox_prune_batch(&mut tx, inbox_before, from, batch).await?;
+            from = last.or(from);
             report.batches += 1;
             report.inbox += n;
             self.audit(&mut tx, &mut audit_row, n, &report).await?;

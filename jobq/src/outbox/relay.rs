@@ -336,16 +336,19 @@ impl Relay {
         Ok(report)
     }
 
-    /// Deletes published events past the retention, in batches. Returns how many.
+    /// Deletes published events past the retention, in batches of 1,000, oldest first,
+    /// each starting where the one before ended. Returns how many.
     ///
     /// # Errors
     ///
     /// [`Error::Database`].
     pub async fn prune(&self, pool: &PgPool) -> Result<u64, Error> {
+        let retention = self.config.retention.as_secs_f64();
         let mut total = 0;
+        let mut from = None;
         loop {
-            let n =
-                store::outbox_prune_batch(pool, self.config.retention.as_secs_f64(), 1000).await?;
+            let (n, last) = store::outbox_prune_batch(pool, retention, from, 1000).await?;
+            from = last.or(from);
             total += n;
             if n < 1000 {
                 return Ok(total);

@@ -417,27 +417,35 @@ pub(crate) async fn outbox_mark_failed(
     Ok(())
 }
 
-/// Deletes up to `batch` rows published more than `older_than_secs` ago. Returns how
-/// many it deleted.
+/// Deletes up to `batch` rows published more than `older_than_secs` ago and at `from`
+/// or later (`None`: any time), oldest first. Returns how many it deleted and when the
+/// last of them was published, where the next batch starts (as
+/// [`job_prune_batch`](super::job_prune_batch)'s, for the same reason).
 pub(crate) async fn outbox_prune_batch(
     pool: &PgPool,
     older_than_secs: f64,
+    from: Option<DateTime<Utc>>,
     batch: i64,
-) -> Result<u64, Error> {
-    let deleted = sqlx::query(
-        "DELETE FROM jobq.outbox WHERE id IN (
-             SELECT id FROM jobq.outbox
-             WHERE published_at IS NOT NULL
-               AND published_at < now() - make_interval(secs => $1)
-             ORDER BY published_at
-             LIMIT $2
-             FOR UPDATE SKIP LOCKED)",
+) -> Result<(u64, Option<DateTime<Utc>>), Error> {
+    let (n, last): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
+        "WITH del AS (
+             DELETE FROM jobq.outbox WHERE id IN (
+                 SELECT id FROM jobq.outbox
+                 WHERE published_at IS NOT NULL
+                   AND published_at < now() - make_interval(secs => $1)
+                   AND published_at >= coalesce($3, '-infinity'::timestamptz)
+                 ORDER BY published_at
+                 LIMIT $2
+                 FOR UPDATE SKIP LOCKED)
+             RETURNING published_at)
+         SELECT count(*), max(published_at) FROM del",
     )
     .bind(older_than_secs)
     .bind(batch)
-    .execute(pool)
+    .bind(from)
+    .fetch_one(pool)
     .await?;
-    Ok(deleted.rows_affected())
+    Ok((u64::try_from(n).unwrap_or(0), last))
 }
 
 /// Unpublished events of one type: how many, and the age of the oldest.
@@ -573,27 +581,35 @@ pub(crate) async fn outbox_replay(
     Ok(found.is_some())
 }
 
-/// Deletes up to `batch` inbox rows applied before `before`, oldest first. The
-/// aggregates' last applied versions (`jobq.inbox_aggregates`) stay: they are what makes
-/// a stale delivery stale. Returns how many rows it deleted.
+/// Deletes up to `batch` inbox rows applied before `before` and at `from` or later
+/// (`None`: any time), oldest first. The aggregates' last applied versions
+/// (`jobq.inbox_aggregates`) stay: they are what makes a stale delivery stale. Returns
+/// how many rows it deleted and when the last of them was applied, where the next batch
+/// starts (as [`job_prune_batch`](super::job_prune_batch)'s, for the same reason).
 pub(crate) async fn inbox_prune_batch(
     conn: &mut PgConnection,
     before: DateTime<Utc>,
+    from: Option<DateTime<Utc>>,
     batch: i64,
-) -> Result<u64, Error> {
-    let deleted = sqlx::query(
-        "DELETE FROM jobq.inbox WHERE (consumer, event_id) IN (
-             SELECT consumer, event_id FROM jobq.inbox
-             WHERE applied_at < $1
-             ORDER BY applied_at
-             LIMIT $2
-             FOR UPDATE SKIP LOCKED)",
+) -> Result<(u64, Option<DateTime<Utc>>), Error> {
+    let (n, last): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
+        "WITH del AS (
+             DELETE FROM jobq.inbox WHERE (consumer, event_id) IN (
+                 SELECT consumer, event_id FROM jobq.inbox
+                 WHERE applied_at < $1
+                   AND applied_at >= coalesce($3, '-infinity'::timestamptz)
+                 ORDER BY applied_at
+                 LIMIT $2
+                 FOR UPDATE SKIP LOCKED)
+             RETURNING applied_at)
+         SELECT count(*), max(applied_at) FROM del",
     )
     .bind(before)
     .bind(batch)
-    .execute(&mut *conn)
+    .bind(from)
+    .fetch_one(&mut *conn)
     .await?;
-    Ok(deleted.rows_affected())
+    Ok((u64::try_from(n).unwrap_or(0), last))
 }
 
 /// How many inbox rows were applied before `before`.

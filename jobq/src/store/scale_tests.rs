@@ -15,12 +15,12 @@ async fn flush_stats(conn: &mut sqlx::PgConnection) {
         .unwrap();
 }
 
-/// Entries read from the index `name` of `jobq.jobs` so far, after [`flush_stats`].
+/// Entries read from jobq's index `name` so far, after [`flush_stats`].
 async fn index_tuples_read(conn: &mut sqlx::PgConnection, name: &str) -> i64 {
     flush_stats(conn).await;
     sqlx::query_scalar(
         "SELECT idx_tup_read FROM pg_stat_user_indexes
-         WHERE relid = 'jobq.jobs'::regclass AND indexrelname = $1",
+         WHERE schemaname = 'jobq' AND indexrelname = $1",
     )
     .bind(name)
     .fetch_one(&mut *conn)
@@ -605,49 +605,105 @@ async fn promotion_and_reaping_join_their_rows_by_primary_key() {
     db.close().await;
 }
 
-/// While a snapshot is held open, each prune batch starts where the one before ended:
-/// the index entries of the rows the pass deleted stay, and a batch reading from the
-/// oldest walked all of them (a pass of 30 batches read 30 times its rows).
-#[tokio::test]
-async fn a_prune_pass_reads_past_what_it_deleted_once() {
+/// Seeds with `seed`, holds a snapshot open, runs `prune` on a pool of one connection
+/// (its statistics are then the backend's that [`flush_stats`] flushes) and returns
+/// what it deleted and how many entries of `index` it read.
+async fn pruned_under_a_held_snapshot<F, Fut>(seed: &str, index: &str, prune: F) -> (u64, i64)
+where
+    F: FnOnce(sqlx::PgPool) -> Fut,
+    Fut: std::future::Future<Output = u64>,
+{
     let db = jobq_testing::TestDatabase::new().await.unwrap();
-    // One connection: the pruner's statistics are this backend's, which `tuples_read`
-    // flushes.
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect_with((*db.pool().connect_options()).clone())
         .await
         .unwrap();
     let mut conn = pool.acquire().await.unwrap();
-    exec(
-        &mut conn,
-        "INSERT INTO jobq.jobs (kind, payload, state, finished_at)
-           SELECT 'a', '{}', 'done', now() - interval '10 days' + i * interval '1 second'
-           FROM generate_series(1, 3000) i;
-         ANALYZE jobq.jobs;",
-    )
-    .await;
+    exec(&mut conn, seed).await;
     let mut old = hold_snapshot(&db).await;
-    let before = index_tuples_read(&mut conn, "jobs_finished_idx").await;
+    let before = index_tuples_read(&mut conn, index).await;
     drop(conn);
-    let pruner = crate::maintenance::Pruner::new(
-        pool.clone(),
-        crate::maintenance::PrunerConfig {
-            batch: 100,
-            ..Default::default()
-        },
-    );
-    let report = pruner.run_once().await.unwrap();
-    assert_eq!(report.done, 3000);
+    let deleted = prune(pool.clone()).await;
     let mut conn = pool.acquire().await.unwrap();
-    let read = index_tuples_read(&mut conn, "jobs_finished_idx").await - before;
-    // Each deleted row once, and the rows a batch's start shares a second with.
-    assert!(
-        read < 3_500,
-        "the pass read {read} entries of jobs_finished_idx"
-    );
+    let read = index_tuples_read(&mut conn, index).await - before;
     exec(&mut old, "COMMIT").await;
     drop((conn, old));
     pool.close().await;
     db.close().await;
+    (deleted, read)
+}
+
+/// While a snapshot is held open, each prune batch starts where the one before ended:
+/// the index entries of the rows the pass deleted stay, and a batch reading from the
+/// oldest walked all of them (a pass of 30 batches read 15 times what it deleted).
+/// Here for jobs, the inbox (both by the pruner) and the outbox (by a relay).
+#[tokio::test]
+async fn a_prune_pass_reads_past_what_it_deleted_once() {
+    let pruner = |pool| {
+        let config = crate::maintenance::PrunerConfig {
+            batch: 100,
+            ..Default::default()
+        };
+        async move {
+            let r = crate::maintenance::Pruner::new(pool, config)
+                .run_once()
+                .await;
+            let r = r.unwrap();
+            r.total() + r.inbox
+        }
+    };
+    let by_pruner = [
+        (
+            "INSERT INTO jobq.jobs (kind, payload, state, finished_at)
+               SELECT 'a', '{}', 'done', now() - interval '10 days' + i * interval '1 second'
+               FROM generate_series(1, 3000) i;
+             ANALYZE jobq.jobs;",
+            "jobs_finished_idx",
+        ),
+        (
+            "INSERT INTO jobq.inbox (consumer, event_id, applied_at)
+               SELECT 'c', gen_random_uuid(), now() - interval '40 days' + i * interval '1 second'
+               FROM generate_series(1, 3000) i;
+             ANALYZE jobq.inbox;",
+            "inbox_applied_idx",
+        ),
+    ];
+    for (seed, index) in by_pruner {
+        let (deleted, read) = pruned_under_a_held_snapshot(seed, index, pruner).await;
+        assert_eq!(deleted, 3000, "{index}");
+        // Each deleted row once, and the rows a batch's start shares a second with.
+        assert!(read < 3_500, "{read} entries of {index}");
+    }
+
+    struct Nowhere;
+    #[async_trait::async_trait]
+    impl crate::outbox::Sink for Nowhere {
+        async fn publish(
+            &self,
+            events: &[crate::outbox::OutboxEvent],
+        ) -> Vec<Result<(), crate::outbox::SinkError>> {
+            events.iter().map(|_| Ok(())).collect()
+        }
+    }
+    // The relay deletes in batches of 1,000.
+    let (deleted, read) = pruned_under_a_held_snapshot(
+        "INSERT INTO jobq.outbox (id, event_type, agg_key, payload, published_at)
+           SELECT gen_random_uuid(), 't', 'k', '{}',
+                  now() - interval '10 days' + i * interval '1 second'
+           FROM generate_series(1, 30000) i;
+         ANALYZE jobq.outbox;",
+        "outbox_published_idx",
+        |pool| async move {
+            let relay =
+                crate::outbox::Relay::new(Nowhere).retention(std::time::Duration::from_secs(3600));
+            relay.prune(&pool).await.unwrap()
+        },
+    )
+    .await;
+    assert_eq!(deleted, 30_000);
+    assert!(
+        read < 35_000,
+        "outbox: {read} entries of outbox_published_idx"
+    );
 }
