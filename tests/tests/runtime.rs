@@ -1401,3 +1401,96 @@ async fn a_wake_up_in_one_database_does_not_hold_back_another() -> anyhow::Resul
     other.close().await;
     Ok(())
 }
+
+/// Returns at once; a lease of one second.
+struct QuickShortLease;
+impl Job for QuickShortLease {
+    const KIND: &'static str = "quick_short_lease";
+    const LEASE: Duration = Duration::from_secs(1);
+    type Args = N;
+    type Error = JobError;
+    async fn run(ctx: JobContext, _args: N) -> Result<(), JobError> {
+        if let Some(ran) = ctx.state::<Arc<std::sync::atomic::AtomicUsize>>() {
+            ran.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+}
+
+/// An attempt ends when its handler returns, before its outcome is written: until the
+/// completer has written it, the heartbeat keeps the job's lease, and a graceful shutdown
+/// waits for that write before it stops the heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_waiting_for_its_write_keeps_its_lease_through_shutdown() -> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    // Completions fail while `hold` says so; lease extensions and rescues do not.
+    sqlx::raw_sql(
+        "CREATE TABLE hold (on_ bool NOT NULL); INSERT INTO hold VALUES (true);
+         CREATE FUNCTION refuse_done() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.state = 'done' AND (SELECT on_ FROM public.hold) THEN
+             RAISE EXCEPTION 'completions are held';
+           END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_done BEFORE UPDATE ON jobq.jobs
+           FOR EACH ROW EXECUTE FUNCTION refuse_done();",
+    )
+    .execute(pool)
+    .await?;
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handle = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<QuickShortLease>()
+        .state(ran.clone())
+        .queue("default", 4)
+        .reaper(None)
+        .shutdown_timeout(Duration::from_secs(30))
+        .build()?
+        .start()
+        .await?;
+    let jobs = QuickShortLease::enqueue_many(pool, (0..3).map(|n| N { n })).await?;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            ran.load(Ordering::SeqCst) == 3
+        })
+        .await
+    );
+    // Another node's reaper, every 100 ms, rescues any lease that lapses.
+    let reaping = Arc::new(AtomicBool::new(true));
+    let reaper = tokio::spawn({
+        let (pool, reaping) = (pool.clone(), reaping.clone());
+        async move {
+            let reaper = jobq::maintenance::Reaper::new(pool, Default::default());
+            let mut rescued = 0;
+            while reaping.load(Ordering::SeqCst) {
+                rescued += reaper.run_once().await.map_or(0, |r| r.rescued + r.failed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            rescued
+        }
+    });
+    // Two and a half leases with the handlers returned and nothing written...
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // ...and as long again into a shutdown that waits for the writes.
+    let shutdown = tokio::spawn(handle.shutdown());
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        !shutdown.is_finished(),
+        "shutdown returned before the outcomes were written"
+    );
+    sqlx::query("UPDATE hold SET on_ = false")
+        .execute(pool)
+        .await?;
+    shutdown.await?;
+    reaping.store(false, Ordering::SeqCst);
+    assert_eq!(reaper.await?, 0, "a lease lapsed while its outcome waited");
+    for job in &jobs {
+        assert_eq!(tests::job_state(pool, job.id).await, ("done".to_owned(), 1));
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 3);
+    db.close().await;
+    Ok(())
+}

@@ -1,6 +1,8 @@
 //! Writes attempt outcomes, fenced, and batched: successes that arrive together are
-//! completed in one `UPDATE … FROM unnest(…)`. An outcome is acknowledged to its attempt
-//! only after the statement that wrote it has committed.
+//! completed in one `UPDATE … FROM unnest(…)`. Once the statement that wrote an outcome
+//! has committed (or the write is given up on), the completer settles the attempt: its
+//! metrics, and its removal from the running set, whose heartbeat kept the lease alive
+//! until then. An attempt that still holds its slot is told then too.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,10 +12,13 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tracing::{debug, error, warn};
 
 use crate::error::{Disposition, Error};
 use crate::store::{self, FailParams, FenceResult};
+
+use super::lease::RunningSet;
 
 /// The most outcomes one flush writes.
 const MAX_BATCH: usize = 1000;
@@ -116,9 +121,58 @@ pub(crate) async fn write_one(
     }
 }
 
+/// What is left of an attempt once its outcome is written: done by the completer, so an
+/// attempt that gave its slot back ends when its handler returns.
+#[derive(Debug)]
+pub(crate) struct Settle {
+    pub(crate) kind: String,
+    pub(crate) queue: String,
+    /// When the job's claim was sent (the `finished` metric's duration starts there).
+    pub(crate) claimed: Instant,
+    /// A hand-back by the shutdown, counted in its report once applied.
+    pub(crate) interrupted: bool,
+}
+
+impl Settle {
+    /// Records what became of `write` (`None`: given up on) and takes the attempt out
+    /// of the running set.
+    fn done(self, write: &Write, written: Option<&Written>, running: &RunningSet) {
+        if let Some(Written::Applied(state)) = written {
+            if let Some(state) = state {
+                let code = match write {
+                    Write::Fail { code, .. } => Some(code.as_str()),
+                    _ => None,
+                };
+                let secs = self.claimed.elapsed().as_secs_f64();
+                crate::metrics::finished(&self.kind, &self.queue, state, code, secs);
+            }
+            if self.interrupted {
+                running.count_handed_back();
+            }
+        }
+        let (id, fence) = write.fence();
+        running.remove(id, fence);
+    }
+}
+
 struct Request {
     write: Write,
-    ack: oneshot::Sender<Written>,
+    settle: Settle,
+    /// Told once the attempt is settled, if it waits for that.
+    ack: Option<oneshot::Sender<()>>,
+    _queued: Backlogged,
+}
+
+impl Request {
+    fn settled(self, written: Option<&Written>, running: &RunningSet) {
+        if let Some(written) = written {
+            report(&self.write, written);
+        }
+        self.settle.done(&self.write, written, running);
+        if let Some(ack) = self.ack {
+            let _ = ack.send(());
+        }
+    }
 }
 
 /// The sending side, held by every attempt of a runtime.
@@ -128,6 +182,7 @@ pub(crate) struct Completer {
     /// Outcomes queued or being written.
     backlog: Arc<AtomicUsize>,
     max_backlog: usize,
+    running: RunningSet,
 }
 
 impl std::fmt::Debug for Request {
@@ -141,17 +196,20 @@ impl Completer {
     /// queue is written out.
     ///
     /// `max_backlog` is how many outcomes may wait for their commit after their attempts
-    /// gave their slots back (see [`Self::has_room`]).
+    /// gave their slots back (see [`Self::has_room`]); `running` is where their attempts
+    /// are until settled.
     pub(crate) fn spawn(
         pool: PgPool,
         max_backlog: usize,
+        running: RunningSet,
     ) -> (Completer, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(pool, rx));
+        let task = tokio::spawn(run(pool, rx, running.clone()));
         let completer = Completer {
             tx,
             backlog: Arc::new(AtomicUsize::new(0)),
             max_backlog,
+            running,
         };
         (completer, task)
     }
@@ -164,20 +222,39 @@ impl Completer {
         self.backlog.load(Ordering::Relaxed) < self.max_backlog
     }
 
-    /// Queues `write` and waits until it is committed (or given up on).
-    pub(crate) async fn write(&self, write: Write) -> Option<Written> {
+    /// Queues `write`; the completer settles its attempt once it is committed (or given
+    /// up on).
+    pub(crate) fn send(&self, write: Write, settle: Settle) {
+        self.queue(write, settle, None);
+    }
+
+    /// [`send`](Self::send), and waits until the attempt is settled.
+    pub(crate) async fn write(&self, write: Write, settle: Settle) {
         let (ack, done) = oneshot::channel();
+        self.queue(write, settle, Some(ack));
+        let _ = done.await;
+    }
+
+    fn queue(&self, write: Write, settle: Settle, ack: Option<oneshot::Sender<()>>) {
         self.backlog.fetch_add(1, Ordering::Relaxed);
-        let _queued = Backlogged(&self.backlog);
-        self.tx.send(Request { write, ack }).ok()?;
-        done.await.ok()
+        let request = Request {
+            write,
+            settle,
+            ack,
+            _queued: Backlogged(self.backlog.clone()),
+        };
+        // The completer is gone only once every sender is: settled here, unwritten (the
+        // lease expires and the reaper returns the job).
+        if let Err(mpsc::error::SendError(request)) = self.tx.send(request) {
+            request.settled(None, &self.running);
+        }
     }
 }
 
-/// Takes one outcome off the backlog when its write ends, however it ends.
-struct Backlogged<'a>(&'a AtomicUsize);
+/// Takes one outcome off the backlog when its request is settled, however it ends.
+struct Backlogged(Arc<AtomicUsize>);
 
-impl Drop for Backlogged<'_> {
+impl Drop for Backlogged {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
@@ -195,7 +272,7 @@ const OVERLAP_MIN: usize = 32;
 /// average, during which its attempt held its slot. Flushes overlap once enough outcomes
 /// wait (PostgreSQL commits them together), and whatever queues while they run goes in
 /// the next one. Returns when every sender is gone and every flush has finished.
-async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
+async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>, running: RunningSet) {
     let mut batch: Vec<Request> = Vec::with_capacity(64);
     let mut flushes = JoinSet::new();
     let mut open = true;
@@ -210,9 +287,9 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
         if !batch.is_empty()
             && (flushes.is_empty() || (room && (batch.len() >= OVERLAP_MIN || !open)))
         {
-            let pool = pool.clone();
+            let (pool, running) = (pool.clone(), running.clone());
             let batch = std::mem::take(&mut batch);
-            flushes.spawn(async move { flush(&pool, batch).await });
+            flushes.spawn(async move { flush(&pool, batch, &running).await });
             continue;
         }
         if !open && batch.is_empty() && flushes.is_empty() {
@@ -232,7 +309,7 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
     }
 }
 
-async fn flush(pool: &PgPool, mut batch: Vec<Request>) {
+async fn flush(pool: &PgPool, mut batch: Vec<Request>, running: &RunningSet) {
     let (completes, others): (Vec<Request>, Vec<Request>) = batch
         .drain(..)
         .partition(|r| matches!(r.write, Write::Complete { .. }));
@@ -258,8 +335,7 @@ async fn flush(pool: &PgPool, mut batch: Vec<Request>) {
                         FenceResult::AlreadyDone => Written::AlreadyDone,
                         FenceResult::Stale => Written::Stale,
                     };
-                    report(&req.write, &written);
-                    let _ = req.ack.send(written);
+                    req.settled(Some(&written), running);
                 }
                 // The next jobs of the completed ordered jobs' keys, once their attempts
                 // have their acks: a settle that fails is left to the sweeper.
@@ -273,7 +349,11 @@ async fn flush(pool: &PgPool, mut batch: Vec<Request>) {
                     }
                 }
             }
-            None => drop(completes),
+            None => {
+                for req in completes {
+                    req.settled(None, running);
+                }
+            }
         }
     }
     for req in others {
@@ -282,10 +362,7 @@ async fn flush(pool: &PgPool, mut batch: Vec<Request>) {
             write_one(&mut conn, &req.write, None).await
         })
         .await;
-        if let Some(written) = result {
-            report(&req.write, &written);
-            let _ = req.ack.send(written);
-        }
+        req.settled(result.as_ref(), running);
     }
 }
 

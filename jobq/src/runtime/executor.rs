@@ -204,15 +204,15 @@ impl SlotTurn {
 
 /// Runs one claimed job inside the runtime: registers it for heartbeats, waits for a
 /// handler slot if it was claimed ahead of one, runs it under a `jobq.job` span with its
-/// lease watchdog and the shutdown interrupt, and writes its outcome through the
-/// completer. Returns once the outcome is committed.
+/// lease watchdog and the shutdown interrupt, and hands its outcome to the completer,
+/// which settles the attempt once the outcome is committed.
 ///
 /// `held` is the job's place among those its producer holds, and the slot its share of
 /// the queue's concurrency. Both are given back when the handler returns, not when the
 /// outcome commits, so the next job starts while this one's completion waits for its
-/// batch (concurrency counts handlers running, as in River and Sidekiq). The completer's
-/// backlog bounds how far that can run ahead of committing: past it, both are held until
-/// the outcome is written.
+/// batch (concurrency counts handlers running, as in River and Sidekiq), and the attempt
+/// ends there. The completer's backlog bounds how far that can run ahead of committing:
+/// past it, the attempt holds both until its outcome is written.
 pub(crate) async fn run_claimed(
     env: AttemptEnv,
     mut job: crate::store::ClaimedJob,
@@ -236,7 +236,9 @@ pub(crate) async fn run_claimed(
                 retry_in: None,
             };
             drop(held.take());
-            env.completer.write(write).await;
+            env.completer
+                .write(write, settle(job, claim_sent, false))
+                .await;
             return;
         };
         crate::metrics::claimed(&job.kind, &job.queue, job.wait_secs);
@@ -304,36 +306,41 @@ pub(crate) async fn run_claimed(
             Err(outcome) => (outcome, None),
         };
         tracing::Span::current().record("job.outcome", outcome.label());
-        let write = outcome_write(&handler, &job, &outcome, output);
-        if let Some(write) = write {
-            // Handed back by the shutdown (an operator's cancel of a job waiting for its
-            // slot is handed back too, but is not the shutdown's doing).
-            let interrupted = matches!(write, super::completer::Write::HandBack { .. })
-                && env.stopping.is_cancelled();
-            let code = match &write {
-                super::completer::Write::Fail { code, .. } => Some(code.clone()),
-                _ => None,
-            };
-            if env.completer.has_room() {
-                drop(slot.take());
-                drop(held.take());
-            }
-            settled.cancel();
-            let written = env.completer.write(write).await;
-            if let Some(super::completer::Written::Applied(Some(state))) = &written {
-                let secs = claim_sent.elapsed().as_secs_f64();
-                crate::metrics::finished(&job.kind, &job.queue, state, code.as_deref(), secs);
-            }
-            if interrupted && matches!(written, Some(super::completer::Written::Applied(_))) {
-                env.running.count_handed_back();
-            }
+        let Some(write) = outcome_write(&handler, &job, &outcome, output) else {
+            env.running.remove(job.id, job.fence);
+            return;
+        };
+        // Handed back by the shutdown (an operator's cancel of a job waiting for its slot
+        // is handed back too, but is not the shutdown's doing): counted in the shutdown's
+        // report, so the attempt waits until it is.
+        let interrupted = matches!(write, super::completer::Write::HandBack { .. })
+            && env.stopping.is_cancelled();
+        settled.cancel();
+        let settle = settle(job, claim_sent, interrupted);
+        if env.completer.has_room() && !interrupted {
+            drop(slot.take());
+            drop(held.take());
+            env.completer.send(write, settle);
+        } else {
+            env.completer.write(write, settle).await;
         }
-        env.running.remove(job.id);
-        drop(slot);
-        drop(held);
     }
     .instrument(span)
     .await;
+}
+
+/// What the completer does for an attempt of `job` once its outcome is written.
+fn settle(
+    job: crate::store::ClaimedJob,
+    claimed: tokio::time::Instant,
+    interrupted: bool,
+) -> super::completer::Settle {
+    super::completer::Settle {
+        kind: job.kind,
+        queue: job.queue,
+        claimed,
+        interrupted,
+    }
 }
 
 /// The `jobq.job` span of one attempt; `job.outcome` is recorded when it ends. Never

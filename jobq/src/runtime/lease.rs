@@ -53,8 +53,13 @@ impl RunningSet {
         self.lock().insert(id, r);
     }
 
-    pub(crate) fn remove(&self, id: i64) {
-        self.lock().remove(&id);
+    /// Takes out the attempt of `id` fenced by `fence`; a later attempt at the same job
+    /// (claimed again after this one's lease was lost) stays.
+    pub(crate) fn remove(&self, id: i64, fence: i64) {
+        let mut set = self.lock();
+        if set.get(&id).is_some_and(|r| r.fence == fence) {
+            set.remove(&id);
+        }
     }
 
     pub(crate) fn count_handed_back(&self) {
@@ -263,6 +268,18 @@ mod tests {
             interrupt: CancellationToken::new(),
             settled: CancellationToken::new(),
         }
+    }
+
+    #[test]
+    fn a_settled_attempt_leaves_a_later_attempt_at_its_job_running() {
+        // Attempt 1 lost its lease; the job was claimed again here (attempt 2) before
+        // attempt 1's stale outcome was settled.
+        let set = RunningSet::default();
+        set.insert(7, running(2));
+        set.remove(7, 1);
+        assert_eq!(set.snapshot().len(), 1, "attempt 2 must keep its heartbeat");
+        set.remove(7, 2);
+        assert!(set.snapshot().is_empty());
     }
 
     #[tokio::test]

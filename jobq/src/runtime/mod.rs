@@ -522,7 +522,8 @@ impl Runtime {
         let stop_services = CancellationToken::new();
         let running = RunningSet::default();
         let max_backlog = config.queues.values().sum::<usize>().max(1) * BACKLOG_ROUNDS;
-        let (completer, completer_task) = Completer::spawn(config.own.clone(), max_backlog);
+        let (completer, completer_task) =
+            Completer::spawn(config.own.clone(), max_backlog, running.clone());
         let wakers = Arc::new(Wakers::new(config.queues.keys().map(String::as_str)));
         let attempts = TaskTracker::new();
         let mut services = Vec::new();
@@ -751,13 +752,14 @@ impl RuntimeHandle {
             self.attempts.wait().await;
             report.handed_back = self.running.handed_back();
         }
+        // Every attempt has ended; the completer writes the outcomes it still holds and
+        // ends, while the heartbeat keeps their leases.
+        drop(self.completer.take());
+        let _ = (&mut self.completer_task).await;
         self.stop_services.cancel();
         for s in self.services.drain(..) {
             let _ = s.await;
         }
-        // Every attempt has its outcome written; let the completer finish and end.
-        drop(self.completer.take());
-        let _ = (&mut self.completer_task).await;
         info!(worker = %self.config.worker_id, handed_back = report.handed_back, "jobq runtime stopped");
         report
     }
