@@ -707,26 +707,45 @@ pub(crate) async fn job_claim(
 }
 
 /// The claimed jobs of a claim's `RETURNING` rows, oldest first as the queue's order
-/// says (`UPDATE … RETURNING` keeps no order).
+/// says (`UPDATE … RETURNING` keeps no order). Columns are found by name once, on the
+/// first row (every row of a statement has the same).
 pub(crate) fn claimed_from_rows(
     rows: Vec<sqlx::postgres::PgRow>,
 ) -> Result<Vec<ClaimedJob>, Error> {
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    let at = |name: &str| first.try_column(name).map(sqlx::Column::ordinal);
+    let (id, fence, attempt, max_attempts) = (
+        at("id")?,
+        at("lease_gen")?,
+        at("attempts")?,
+        at("max_attempts")?,
+    );
+    let (kind, queue, payload, priority) =
+        (at("kind")?, at("queue")?, at("payload")?, at("priority")?);
+    let (created_at, payload_version, trace_context) = (
+        at("created_at")?,
+        at("payload_version")?,
+        at("trace_context")?,
+    );
+    let (wait_secs, run_after) = (at("wait_secs")?, at("run_after")?);
     let mut jobs = Vec::with_capacity(rows.len());
     for row in rows {
         jobs.push(ClaimedJob {
-            id: row.try_get("id")?,
-            fence: row.try_get("lease_gen")?,
-            attempt: row.try_get("attempts")?,
-            max_attempts: row.try_get("max_attempts")?,
-            kind: row.try_get("kind")?,
-            queue: row.try_get("queue")?,
-            payload: row.try_get("payload")?,
-            priority: row.try_get("priority")?,
-            created_at: row.try_get("created_at")?,
-            payload_version: row.try_get("payload_version")?,
-            trace_context: row.try_get("trace_context")?,
-            wait_secs: row.try_get("wait_secs")?,
-            run_after: row.try_get("run_after")?,
+            id: row.try_get(id)?,
+            fence: row.try_get(fence)?,
+            attempt: row.try_get(attempt)?,
+            max_attempts: row.try_get(max_attempts)?,
+            kind: row.try_get(kind)?,
+            queue: row.try_get(queue)?,
+            payload: row.try_get(payload)?,
+            priority: row.try_get(priority)?,
+            created_at: row.try_get(created_at)?,
+            payload_version: row.try_get(payload_version)?,
+            trace_context: row.try_get(trace_context)?,
+            wait_secs: row.try_get(wait_secs)?,
+            run_after: row.try_get(run_after)?,
         });
     }
     jobs.sort_by_key(|j| (j.priority, j.id));
