@@ -13,15 +13,17 @@
 //! node takes over at its next interval.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::Leader;
+use super::{Leader, Pace};
 use crate::error::Error;
 use crate::store::{self, PruneParams};
 
@@ -119,6 +121,74 @@ impl PruneReport {
 pub struct Pruner {
     pool: PgPool,
     config: PrunerConfig,
+    starts: Arc<Starts>,
+}
+
+/// The rows one rule deletes.
+enum Rows<'a> {
+    Jobs(&'a PruneParams<'a>),
+    /// Inbox rows applied before this time.
+    Inbox(DateTime<Utc>),
+}
+
+/// What a pass has done so far: its counts, and its audit row once it has one.
+#[derive(Debug, Default)]
+struct Pass {
+    report: PruneReport,
+    audit_row: Option<i64>,
+}
+
+/// A rule's key among [`Starts`]: its state (`inbox` for the inbox) and kind.
+type RuleKey = (&'static str, Option<String>);
+
+/// Where each rule's next pass starts.
+///
+/// A pass reads the rule's index from the oldest row, passing the entries of rows
+/// earlier passes deleted. Those are normally few (vacuum removes them), but while a
+/// snapshot is held open nothing can, and the first batch of every pass walked all of
+/// them: at the end of a five-minute hold, batches of one to two seconds.
+///
+/// So the rule, as for claims (`runtime::producer::Cursor`): a pass reads from the
+/// oldest ("full"), but once a full pass's first batch takes longer than [`Pace::FREE`],
+/// the passes after it start where the pass before ended (the last row it deleted), until
+/// a full pass is due again ([`Pace`]). A row left behind that position (skipped as
+/// locked, or finished in a transaction that committed after later rows were deleted)
+/// waits for that full pass.
+#[derive(Debug, Default)]
+struct Starts(Mutex<HashMap<RuleKey, Start>>);
+
+#[derive(Debug, Default)]
+struct Start {
+    /// When the last row the rule deleted had finished.
+    after: Option<DateTime<Utc>>,
+    full: Pace,
+}
+
+impl Starts {
+    /// Where a pass starting `now` starts `key`'s deletions, or `None` for a full pass.
+    fn start(&self, key: &RuleKey, now: Instant) -> Option<Option<DateTime<Utc>>> {
+        let starts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let start = starts.get(key)?;
+        (!start.full.due(now)).then_some(start.after)
+    }
+
+    /// Records a full pass whose first batch started at `started` and took `took`.
+    fn ran_full(&self, key: &RuleKey, started: Instant, took: Duration) {
+        let mut starts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        starts
+            .entry(key.clone())
+            .or_default()
+            .full
+            .ran(started, took);
+    }
+
+    /// Records where a pass of `key` ended: the last row it deleted, if any.
+    fn ended(&self, key: &RuleKey, last: Option<DateTime<Utc>>) {
+        if last.is_some() {
+            let mut starts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            starts.entry(key.clone()).or_default().after = last;
+        }
+    }
 }
 
 /// One delete rule: a state, an age, and which kinds.
@@ -131,7 +201,11 @@ struct Rule<'a> {
 impl Pruner {
     /// A pruner over `pool`.
     pub fn new(pool: PgPool, config: PrunerConfig) -> Self {
-        Pruner { pool, config }
+        Pruner {
+            pool,
+            config,
+            starts: Arc::default(),
+        }
     }
 
     fn rules(&self) -> Vec<Rule<'_>> {
@@ -202,42 +276,66 @@ impl Pruner {
     pub async fn run_once_at(&self, now: Option<DateTime<Utc>>) -> Result<PruneReport, Error> {
         let now = self.now(now).await?;
         let except: Vec<String> = self.config.per_kind.keys().cloned().collect();
-        let batch = self.config.batch.max(1);
-        let mut report = PruneReport::default();
-        let mut audit_row = None;
+        let mut pass = Pass::default();
         for rule in self.rules() {
             let p = params(&rule, now, &except);
-            // Each batch starts where the one before ended (see `job_prune_batch`); a
-            // row skipped as locked behind it waits for the next pass.
-            let mut from = None;
-            loop {
-                let mut tx = self.pool.begin().await?;
-                let (n, last) = store::job_prune_batch(&mut tx, &p, from, batch).await?;
-                from = last.or(from);
-                report.batches += 1;
-                add(&mut report, rule.state, n);
-                self.audit(&mut tx, &mut audit_row, n, &report).await?;
-                tx.commit().await?;
-                if n < u64::try_from(batch).unwrap_or(u64::MAX) {
-                    break;
-                }
-            }
+            let key = (rule.state, rule.kind.map(str::to_owned));
+            self.deletions(&key, &mut pass, Rows::Jobs(&p)).await?;
         }
         let inbox_before = cutoff(now, self.config.inbox_after);
-        let mut from = None;
+        self.deletions(&("inbox", None), &mut pass, Rows::Inbox(inbox_before))
+            .await?;
+        Ok(pass.report)
+    }
+
+    /// Deletes the rows of the rule `key` batch after batch, each from where the one
+    /// before ended (see `job_prune_batch`), the first from where [`Starts`] says, until
+    /// less than a batch is due; counted in `pass`.
+    async fn deletions(&self, key: &RuleKey, pass: &mut Pass, rows: Rows<'_>) -> Result<(), Error> {
+        let batch = self.config.batch.max(1);
+        let size = u64::try_from(batch).unwrap_or(u64::MAX);
+        let (mut from, mut full) = match self.starts.start(key, Instant::now()) {
+            Some(after) => (after, false),
+            None => (None, true),
+        };
         loop {
             let mut tx = self.pool.begin().await?;
-            let (n, last) = store::inbox_prune_batch(&mut tx, inbox_before, from, batch).await?;
+            let started = Instant::now();
+            let (n, last) = match &rows {
+                Rows::Jobs(p) => store::job_prune_batch(&mut tx, p, from, batch).await?,
+                Rows::Inbox(before) => {
+                    store::inbox_prune_batch(&mut tx, *before, from, batch).await?
+                }
+            };
+            if std::mem::take(&mut full) {
+                self.starts.ran_full(key, started, started.elapsed());
+            }
             from = last.or(from);
+            // Counted once committed, as the audit row says.
+            let mut report = pass.report;
             report.batches += 1;
-            report.inbox += n;
-            self.audit(&mut tx, &mut audit_row, n, &report).await?;
+            add(&mut report, key.0, n);
+            self.audit(&mut tx, &mut pass.audit_row, n, &report).await?;
             tx.commit().await?;
-            if n < u64::try_from(batch).unwrap_or(u64::MAX) {
-                break;
+            pass.report = report;
+            self.starts.ended(key, last);
+            if n < size {
+                return Ok(());
             }
         }
-        Ok(report)
+    }
+
+    /// Records every rule's last full pass as one that took `took` (tests: a slow pass
+    /// without a slow table).
+    #[cfg(test)]
+    pub(crate) fn ran_full_passes(&self, took: Duration) {
+        let keys: Vec<RuleKey> = {
+            let starts = self.starts.0.lock().unwrap_or_else(|p| p.into_inner());
+            starts.keys().cloned().collect()
+        };
+        for key in keys {
+            self.starts.ran_full(&key, Instant::now(), took);
+        }
     }
 
     /// After a batch that deleted `n` rows, in its transaction: writes the pass's audit
@@ -331,6 +429,7 @@ fn add(report: &mut PruneReport, state: &str, n: u64) {
     match state {
         "done" => report.done += n,
         "failed" => report.failed += n,
+        "inbox" => report.inbox += n,
         _ => report.cancelled += n,
     }
 }

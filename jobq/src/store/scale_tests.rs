@@ -707,3 +707,41 @@ async fn a_prune_pass_reads_past_what_it_deleted_once() {
         "outbox: {read} entries of outbox_published_idx"
     );
 }
+
+/// While full prune passes are slow (a snapshot held open), a pass starts where the one
+/// before ended: it does not walk again the entries of what earlier passes deleted.
+#[tokio::test]
+async fn a_prune_pass_starts_where_the_last_one_ended_while_full_passes_are_slow() {
+    let pruner = |pool: sqlx::PgPool| async move {
+        let config = crate::maintenance::PrunerConfig {
+            batch: 100,
+            ..Default::default()
+        };
+        let pruner = crate::maintenance::Pruner::new(pool.clone(), config);
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        // Half the rows are past their retention 25 minutes earlier, all of them now.
+        let earlier = pruner
+            .run_once_at(Some(now - chrono::Duration::minutes(25)))
+            .await
+            .unwrap();
+        assert_eq!(earlier.done, 1500);
+        pruner.ran_full_passes(std::time::Duration::from_secs(1));
+        let later = pruner.run_once_at(Some(now)).await.unwrap();
+        earlier.total() + later.total()
+    };
+    let (deleted, read) = pruned_under_a_held_snapshot(
+        "INSERT INTO jobq.jobs (kind, payload, state, finished_at)
+           SELECT 'a', '{}', 'done', now() - interval '7 days 50 minutes' + i * interval '1 second'
+           FROM generate_series(1, 3000) i;
+         ANALYZE jobq.jobs;",
+        "jobs_finished_idx",
+        pruner,
+    )
+    .await;
+    assert_eq!(deleted, 3000);
+    // Each deleted row once: a second pass from the oldest would read 4,500.
+    assert!(read < 3_500, "{read} entries of jobs_finished_idx");
+}
