@@ -311,6 +311,7 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
     let mut best_paired = Samples::default();
     let mut many_conn = Samples::default();
     let (mut one_noping, mut pool_paired) = (Samples::default(), Samples::default());
+    let mut one_conn = Samples::default();
     // sqlx pings every connection it hands out unless told not to: one more round trip
     // per enqueue on a pool. Measured both ways.
     let noping = sqlx::postgres::PgPoolOptions::new()
@@ -324,6 +325,7 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
         // the two under the same commit latency (it drifts by 2x within a minute here).
         let round = (s.singles / 10).max(1);
         let (mut t_raw, mut t_jobq, mut t_noping, mut t_pool) = (0.0, 0.0, 0.0, 0.0);
+        let mut t_conn = 0.0;
         for r in 0..10 {
             t_raw += round as f64 / raw::insert_one_by_one(db, 1, round).await?;
             let start = Instant::now();
@@ -343,11 +345,20 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
                 raw::insert_one_on(&noping, r * round + i).await?;
             }
             t_pool += start.elapsed().as_secs_f64();
+            // Enqueue on one connection held for the round, as the raw INSERT runs: the
+            // like-for-like pairing, without a pool's check-out and check-in per call.
+            let mut conn = noping.acquire().await?;
+            let start = Instant::now();
+            for i in 0..round {
+                Noop::enqueue(&mut *conn, (r * round + i) as u64).await?;
+            }
+            t_conn += start.elapsed().as_secs_f64();
         }
         paired.push((10 * round) as f64 / t_raw);
         one.push((10 * round) as f64 / t_jobq);
         one_noping.push((10 * round) as f64 / t_noping);
         pool_paired.push((10 * round) as f64 / t_pool);
+        one_conn.push((10 * round) as f64 / t_conn);
         db.reset().await?;
         // Rounds alternating the raw UNNEST insert, the raw COPY and enqueue_many, as for
         // single enqueues: the ratios are taken under the same conditions.
@@ -399,6 +410,12 @@ async fn enqueue(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<(
         vec![Target::ratio_at_least(0.9)],
     );
     noping.close().await;
+    r.jobq(
+        "enqueue: one job per call on a held connection (1 client, sequential)",
+        one_conn,
+        Some("insert_one_paired"),
+        vec![Target::ratio_at_least(0.9)],
+    );
     r.jobq(
         "enqueue: one job per call on a pool with test_before_acquire(false)",
         one_noping.clone(),
