@@ -264,22 +264,29 @@ fn event_from_row(r: &sqlx::postgres::PgRow) -> Result<OutboxEvent, Error> {
 }
 
 /// The relay's claim, step 1, outside any transaction: from the oldest `window`
-/// unpublished rows, the aggregates none of whose rows waits for a backoff, at most
-/// `batch` of them, each taken only if this session gets its advisory lock (another relay
-/// holding it is relaying that aggregate now). Returns the aggregate keys taken. The
-/// locks are session-level: they outlive the statement and are released by
-/// [`outbox_unlock`] after the bookkeeping committed, or with the connection when the
-/// relay dies.
+/// unpublished rows (from `seq` `from` on; `None`: from the oldest of all), the
+/// aggregates none of whose rows waits for a backoff, at most `batch` of them, each taken
+/// only if this session gets its advisory lock (another relay holding it is relaying that
+/// aggregate now). Returns the aggregate keys taken, and the window's first `seq` (`None`
+/// when it was empty). The locks are session-level: they outlive the statement and are
+/// released by [`outbox_unlock`] after the bookkeeping committed, or with the connection
+/// when the relay dies.
+///
+/// `from` is an index condition of `outbox_unpublished_idx`: the scan begins there
+/// instead of walking the entries of rows published before it, which stay in the index
+/// while a snapshot is held open.
 pub(crate) async fn outbox_lock(
     conn: &mut PgConnection,
     window: i64,
     batch: i64,
-) -> Result<Vec<String>, Error> {
-    let keys = sqlx::query_scalar(
+    from: Option<i64>,
+) -> Result<(Vec<String>, Option<i64>), Error> {
+    let (keys, first) = sqlx::query_as(
         r#"
         WITH win AS MATERIALIZED (
             SELECT seq, agg_key, retry_at FROM jobq.outbox
             WHERE published_at IS NULL
+              AND seq >= coalesce($4, -9223372036854775808)
             ORDER BY seq
             LIMIT $1
         ),
@@ -290,15 +297,17 @@ pub(crate) async fn outbox_lock(
             ORDER BY min(seq)
             LIMIT $2
         )
-        SELECT agg_key FROM due WHERE pg_try_advisory_lock($3, hashtext(agg_key))
+        SELECT ARRAY(SELECT agg_key FROM due WHERE pg_try_advisory_lock($3, hashtext(agg_key))),
+               (SELECT min(seq) FROM win)
         "#,
     )
     .bind(window)
     .bind(batch)
     .bind(RELAY_LOCK_NS)
-    .fetch_all(&mut *conn)
+    .bind(from)
+    .fetch_one(&mut *conn)
     .await?;
-    Ok(keys)
+    Ok((keys, first))
 }
 
 /// The relay's claim, step 2: the unpublished rows of the aggregates `keys` this session

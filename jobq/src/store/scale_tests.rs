@@ -605,10 +605,24 @@ async fn promotion_and_reaping_join_their_rows_by_primary_key() {
     db.close().await;
 }
 
+/// A sink that acknowledges every event.
+struct Nowhere;
+
+#[async_trait::async_trait]
+impl crate::outbox::Sink for Nowhere {
+    async fn publish(
+        &self,
+        events: &[crate::outbox::OutboxEvent],
+    ) -> Vec<Result<(), crate::outbox::SinkError>> {
+        events.iter().map(|_| Ok(())).collect()
+    }
+}
+
 /// Seeds with `seed`, holds a snapshot open, runs `prune` on a pool of one connection
 /// (its statistics are then the backend's that [`flush_stats`] flushes) and returns
-/// what it deleted and how many entries of `index` it read.
-async fn pruned_under_a_held_snapshot<F, Fut>(seed: &str, index: &str, prune: F) -> (u64, i64)
+/// what it counted (rows deleted, events published) and how many entries of `index` it
+/// read.
+async fn counted_under_a_held_snapshot<F, Fut>(seed: &str, index: &str, prune: F) -> (u64, i64)
 where
     F: FnOnce(sqlx::PgPool) -> Fut,
     Fut: std::future::Future<Output = u64>,
@@ -670,24 +684,14 @@ async fn a_prune_pass_reads_past_what_it_deleted_once() {
         ),
     ];
     for (seed, index) in by_pruner {
-        let (deleted, read) = pruned_under_a_held_snapshot(seed, index, pruner).await;
+        let (deleted, read) = counted_under_a_held_snapshot(seed, index, pruner).await;
         assert_eq!(deleted, 3000, "{index}");
         // Each deleted row once, and the rows a batch's start shares a second with.
         assert!(read < 3_500, "{read} entries of {index}");
     }
 
-    struct Nowhere;
-    #[async_trait::async_trait]
-    impl crate::outbox::Sink for Nowhere {
-        async fn publish(
-            &self,
-            events: &[crate::outbox::OutboxEvent],
-        ) -> Vec<Result<(), crate::outbox::SinkError>> {
-            events.iter().map(|_| Ok(())).collect()
-        }
-    }
     // The relay deletes in batches of 1,000.
-    let (deleted, read) = pruned_under_a_held_snapshot(
+    let (deleted, read) = counted_under_a_held_snapshot(
         "INSERT INTO jobq.outbox (id, event_type, agg_key, payload, published_at)
            SELECT gen_random_uuid(), 't', 'k', '{}',
                   now() - interval '10 days' + i * interval '1 second'
@@ -732,7 +736,7 @@ async fn a_prune_pass_starts_where_the_last_one_ended_while_full_passes_are_slow
         let later = pruner.run_once_at(Some(now)).await.unwrap();
         earlier.total() + later.total()
     };
-    let (deleted, read) = pruned_under_a_held_snapshot(
+    let (deleted, read) = counted_under_a_held_snapshot(
         "INSERT INTO jobq.jobs (kind, payload, state, finished_at)
            SELECT 'a', '{}', 'done', now() - interval '7 days 50 minutes' + i * interval '1 second'
            FROM generate_series(1, 3000) i;
@@ -744,4 +748,39 @@ async fn a_prune_pass_starts_where_the_last_one_ended_while_full_passes_are_slow
     assert_eq!(deleted, 3000);
     // Each deleted row once: a second pass from the oldest would read 4,500.
     assert!(read < 3_500, "{read} entries of jobs_finished_idx");
+}
+
+/// While full windows are slow (a snapshot held open), a relay's window starts at the
+/// first event of the window before: it does not walk again the entries of the events
+/// earlier passes published.
+#[tokio::test]
+async fn a_relay_window_starts_where_the_last_one_began_while_full_windows_are_slow() {
+    let (published, read) = counted_under_a_held_snapshot(
+        "INSERT INTO jobq.outbox (id, event_type, agg_key, payload)
+           SELECT gen_random_uuid(), 't', 'k' || i, '{}' FROM generate_series(1, 3000) i;
+         ANALYZE jobq.outbox;",
+        "outbox_unpublished_idx",
+        |pool| async move {
+            let relay = crate::outbox::Relay::new(Nowhere).config(crate::outbox::RelayConfig {
+                batch: 100,
+                window: 100,
+                ..Default::default()
+            });
+            let mut published = relay.run_once(&pool).await.unwrap().published;
+            relay.ran_full_window(std::time::Duration::from_secs(1));
+            loop {
+                let r = relay.run_once(&pool).await.unwrap();
+                if r.claimed == 0 {
+                    break;
+                }
+                published += r.published;
+            }
+            published as u64
+        },
+    )
+    .await;
+    assert_eq!(published, 3000);
+    // About the window and the window before it, per pass: from the oldest, pass k
+    // read the 100 × k entries of everything published before it too (46,500 in all).
+    assert!(read < 10_000, "{read} entries of outbox_unpublished_idx");
 }
