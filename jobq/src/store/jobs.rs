@@ -793,7 +793,7 @@ pub(crate) async fn job_complete_with_outputs(
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<FenceResult>, Error> {
     let (results, ordered) = job_complete_unsettled(conn, fences, outputs, now).await?;
-    super::ordering_settle(conn, &ordered).await?;
+    super::ordering_settle_at(conn, &ordered, now).await?;
     Ok(results)
 }
 
@@ -963,7 +963,7 @@ pub(crate) async fn job_fail(
     if let Some((state, true)) = &row
         && state == "cancelled"
     {
-        super::ordering_settle(conn, &[p.id]).await?;
+        super::ordering_settle_at(conn, &[p.id], p.now).await?;
     }
     Ok(row.map(|r| r.0))
 }

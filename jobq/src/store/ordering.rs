@@ -200,15 +200,32 @@ pub(crate) async fn job_insert_ordered(
 /// `blocked_by`, and the queues of jobs that became claimable are woken. Safe to call
 /// for any ids, any number of times; unordered ids cost one lock statement that locks
 /// nothing. Returns how many jobs became claimable (or due to, when scheduled).
+///
+/// A job that becomes claimable here becomes due no earlier than now (its `run_after`
+/// moves up to now, as a handed-back job's does): it takes its place in claim order
+/// among the jobs due now, not among the jobs enqueued with it. Left at its enqueue time,
+/// it fell behind the positions claims start from while claims are slow (see
+/// `runtime::producer::Cursor`), and every ordered job after a key's first waited for
+/// the next claim from the start.
 pub(crate) async fn ordering_settle(conn: &mut PgConnection, ids: &[i64]) -> Result<u64, Error> {
-    ordering_settle_within(conn, ids, SETTLE_PATIENCE).await
+    ordering_settle_at(conn, ids, None).await
 }
 
-/// [`ordering_settle`], waiting up to `patience` for held keys.
+/// [`ordering_settle`] with `now` as the time (`None`: the database's clock).
+pub(crate) async fn ordering_settle_at(
+    conn: &mut PgConnection,
+    ids: &[i64],
+    now: Option<DateTime<Utc>>,
+) -> Result<u64, Error> {
+    ordering_settle_within(conn, ids, SETTLE_PATIENCE, now).await
+}
+
+/// [`ordering_settle_at`], waiting up to `patience` for held keys.
 pub(crate) async fn ordering_settle_within(
     conn: &mut PgConnection,
     ids: &[i64],
     patience: std::time::Duration,
+    now: Option<DateTime<Utc>>,
 ) -> Result<u64, Error> {
     if ids.is_empty() {
         return Ok(0);
@@ -235,7 +252,13 @@ pub(crate) async fn ordering_settle_within(
         WITH moved AS (
             UPDATE jobq.jobs s SET blocked_by = "#,
         below_sql!(),
-        r#"
+        r#",
+                run_after = CASE
+                    WHEN s.state IN ('pending', 'scheduled') AND "#,
+        below_sql!(),
+        r#" IS NULL
+                    THEN greatest(s.run_after, coalesce($4, now()))
+                    ELSE s.run_after END
             WHERE (s.blocked_by = ANY($1) OR s.id = ANY($1)) AND s.ordering_key IS NOT NULL
               AND NOT hashtext(s.ordering_scope || chr(31) || s.ordering_key) = ANY($3)
               AND "#,
@@ -256,6 +279,7 @@ pub(crate) async fn ordering_settle_within(
     .bind(ids)
     .bind(NOTIFY_CHANNEL)
     .bind(&missing)
+    .bind(now)
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;

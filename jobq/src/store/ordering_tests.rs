@@ -368,9 +368,14 @@ async fn an_enqueue_still_open_when_the_head_completes_is_released() {
         .await
         .unwrap();
     let settling = tokio::spawn(async move {
-        ordering_settle_within(&mut settler, &[a1], std::time::Duration::from_secs(600))
-            .await
-            .unwrap()
+        ordering_settle_within(
+            &mut settler,
+            &[a1],
+            std::time::Duration::from_secs(600),
+            None,
+        )
+        .await
+        .unwrap()
     });
     // Its first try at the key's lock has failed once it sits in its transaction.
     loop {
@@ -471,4 +476,41 @@ async fn the_pruner_keeps_a_failed_job_that_parks_its_key() {
     );
     assert!(job_get(&mut conn, u).await.unwrap().is_none());
     assert!(job_get(&mut conn, a1).await.unwrap().is_some());
+}
+
+/// A key's next job becomes due when it is released, so a claim that starts after the
+/// last job claimed (as claims do while they are slow) finds it.
+#[tokio::test]
+async fn a_released_job_is_found_by_a_claim_from_the_last_position() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    let a1 = enqueue(&mut conn, job("k", None, Some("A"))).await;
+    let a2 = enqueue(&mut conn, job("k", None, Some("A"))).await;
+    let b1 = enqueue(&mut conn, job("k", None, Some("B"))).await;
+    let kinds = ["k".to_owned()];
+    let params = |after| ClaimParams {
+        queue: "default",
+        kinds: &kinds,
+        lease_secs: &[60.0],
+        limit: 100,
+        worker: "w",
+        now: None,
+        after,
+    };
+    let first = job_claim(&mut conn, &params(None)).await.unwrap();
+    assert_eq!(first.iter().map(|c| c.id).collect::<Vec<_>>(), vec![a1, b1]);
+    let last = first.iter().map(ClaimedJob::position).max();
+    let a1_fence = first[0].fence;
+    job_complete_with_outputs(&mut conn, &[(a1, a1_fence)], &[], None)
+        .await
+        .unwrap();
+    let after = [last];
+    let next = job_claim(&mut conn, &params(Some(&after))).await.unwrap();
+    assert_eq!(
+        next.iter().map(|c| c.id).collect::<Vec<_>>(),
+        vec![a2],
+        "the released job is behind the claim's position"
+    );
+    drop(conn);
+    db.close().await;
 }
