@@ -206,7 +206,9 @@ pub(crate) async fn job_insert_ordered(
 /// among the jobs due now, not among the jobs enqueued with it. Left at its enqueue time,
 /// it fell behind the positions claims start from while claims are slow (see
 /// `runtime::producer::Cursor`), and every ordered job after a key's first waited for
-/// the next claim from the start.
+/// the next claim from the start. "Now" is the moment of the update, not the start of
+/// its transaction, which may have waited for keys' locks: a release timed at the start
+/// commits behind jobs released and claimed meanwhile.
 pub(crate) async fn ordering_settle(conn: &mut PgConnection, ids: &[i64]) -> Result<u64, Error> {
     ordering_settle_at(conn, ids, None).await
 }
@@ -257,7 +259,7 @@ pub(crate) async fn ordering_settle_within(
                     WHEN s.state IN ('pending', 'scheduled') AND "#,
         below_sql!(),
         r#" IS NULL
-                    THEN greatest(s.run_after, coalesce($4, now()))
+                    THEN greatest(s.run_after, coalesce($4, clock_timestamp()))
                     ELSE s.run_after END
             WHERE (s.blocked_by = ANY($1) OR s.id = ANY($1)) AND s.ordering_key IS NOT NULL
               AND NOT hashtext(s.ordering_scope || chr(31) || s.ordering_key) = ANY($3)
