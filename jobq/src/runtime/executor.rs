@@ -15,6 +15,8 @@ use crate::job::Job;
 use crate::registry::{Failure, JobHandler};
 use crate::retry::RetryPolicy;
 
+use super::lease::Signals;
+
 /// How one attempt ended, as the executor saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -246,9 +248,7 @@ pub(crate) async fn run_claimed(
         let (deadline_tx, deadline_rx) = tokio::sync::watch::channel(claim_sent + lease);
         let deadline = std::sync::Arc::new(deadline_tx);
         let cancel = tokio_util::sync::CancellationToken::new();
-        let lost = tokio_util::sync::CancellationToken::new();
-        let interrupt = tokio_util::sync::CancellationToken::new();
-        let settled = tokio_util::sync::CancellationToken::new();
+        let signals = std::sync::Arc::new(Signals::default());
         env.running.insert(
             job.id,
             super::lease::Running {
@@ -256,16 +256,14 @@ pub(crate) async fn run_claimed(
                 lease,
                 deadline: deadline.clone(),
                 cancel: cancel.clone(),
-                lost: lost.clone(),
-                interrupt: interrupt.clone(),
-                settled: settled.clone(),
+                signals: signals.clone(),
             },
         );
         let ctx = attempt_context(&env.config, &job, cancel.clone(), deadline);
         let stop = async {
             tokio::select! {
-                _ = super::lease::watchdog(deadline_rx, lost) => AttemptOutcome::LeaseLost,
-                _ = interrupt.cancelled() => AttemptOutcome::Interrupted,
+                _ = super::lease::watchdog(deadline_rx, &signals) => AttemptOutcome::LeaseLost,
+                _ = signals.raised(Signals::INTERRUPT) => AttemptOutcome::Interrupted,
             }
         };
         let payload = std::mem::take(&mut job.payload);
@@ -315,7 +313,7 @@ pub(crate) async fn run_claimed(
         // report, so the attempt waits until it is.
         let interrupted = matches!(write, super::completer::Write::HandBack { .. })
             && env.stopping.is_cancelled();
-        settled.cancel();
+        signals.raise(Signals::SETTLED);
         let settle = settle(job, claim_sent, interrupted);
         if env.completer.has_room() && !interrupted {
             drop(slot.take());

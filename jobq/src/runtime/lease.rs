@@ -8,11 +8,12 @@
 //! lease on that runtime, and its job would be rescued from a process that is alive.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
@@ -30,13 +31,62 @@ pub(crate) struct Running {
     pub(crate) deadline: Arc<watch::Sender<Instant>>,
     /// The context's cancellation (cooperative).
     pub(crate) cancel: CancellationToken,
-    /// Fired when the lease is lost: the executor drops the handler's future.
-    pub(crate) lost: CancellationToken,
-    /// Fired at the shutdown deadline: the executor drops the future and hands back.
-    pub(crate) interrupt: CancellationToken,
-    /// Fired when the attempt's outcome goes to the completer. A lease found ended after
-    /// that is the outcome's own write (or a fence the completer reports), not a loss.
-    pub(crate) settled: CancellationToken,
+    pub(crate) signals: Arc<Signals>,
+}
+
+#[cfg(test)]
+impl Running {
+    /// An attempt of lease generation `fence` with a minute's lease, for tests.
+    pub(crate) fn idle(fence: i64) -> Running {
+        Running {
+            fence,
+            lease: Duration::from_secs(60),
+            deadline: Arc::new(watch::channel(Instant::now() + Duration::from_secs(60)).0),
+            cancel: CancellationToken::new(),
+            signals: Arc::default(),
+        }
+    }
+}
+
+/// What other tasks tell a running attempt, and it tells them; each signal, once raised,
+/// stays raised. One allocation per attempt, where a cancellation token each took three.
+#[derive(Debug, Default)]
+pub(crate) struct Signals {
+    raised: AtomicU8,
+    notify: Notify,
+}
+
+impl Signals {
+    /// The lease is lost: the executor drops the handler's future.
+    pub(crate) const LOST: u8 = 1;
+    /// The shutdown's deadline: the executor drops the future and hands the job back.
+    pub(crate) const INTERRUPT: u8 = 2;
+    /// The attempt's outcome went to the completer. A lease found ended after that is the
+    /// outcome's own write (or a fence the completer reports), not a loss.
+    pub(crate) const SETTLED: u8 = 4;
+
+    pub(crate) fn raise(&self, signal: u8) {
+        self.raised.fetch_or(signal, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    pub(crate) fn is_raised(&self, signal: u8) -> bool {
+        self.raised.load(Ordering::SeqCst) & signal != 0
+    }
+
+    /// Resolves once `signal` is raised.
+    pub(crate) async fn raised(&self, signal: u8) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a raise between the two is not missed.
+            notified.as_mut().enable();
+            if self.is_raised(signal) {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// The attempts in flight, by job id.
@@ -209,7 +259,7 @@ async fn beat(pool: &PgPool, running: &RunningSet) -> usize {
             LeaseStatus::Busy => {}
             // Completed (or handed back) between the snapshot and the renewal: under
             // load, many attempts of each beat.
-            LeaseStatus::Lost if r.settled.is_cancelled() => {
+            LeaseStatus::Lost if r.signals.is_raised(Signals::SETTLED) => {
                 debug!(
                     job.id = id,
                     job.fence = r.fence,
@@ -222,7 +272,7 @@ async fn beat(pool: &PgPool, running: &RunningSet) -> usize {
                     job.fence = r.fence,
                     "lease lost: the job was rescued or changed elsewhere; dropping this attempt"
                 );
-                r.lost.cancel();
+                r.signals.raise(Signals::LOST);
                 lost += 1;
             }
         }
@@ -232,11 +282,11 @@ async fn beat(pool: &PgPool, running: &RunningSet) -> usize {
 
 /// Resolves when the attempt must stop: its lease was reported lost, or its local
 /// deadline passed without a renewal.
-pub(crate) async fn watchdog(mut deadline: watch::Receiver<Instant>, lost: CancellationToken) {
+pub(crate) async fn watchdog(mut deadline: watch::Receiver<Instant>, signals: &Signals) {
     loop {
         let at = *deadline.borrow_and_update();
         tokio::select! {
-            _ = lost.cancelled() => return,
+            _ = signals.raised(Signals::LOST) => return,
             _ = tokio::time::sleep_until(at) => {
                 if *deadline.borrow() <= Instant::now() {
                     warn!("lease deadline passed without a successful heartbeat; dropping the attempt before another worker can claim the job");
@@ -259,15 +309,30 @@ mod tests {
     use super::*;
 
     fn running(fence: i64) -> Running {
-        Running {
-            fence,
-            lease: Duration::from_secs(60),
-            deadline: Arc::new(watch::channel(Instant::now() + Duration::from_secs(60)).0),
-            cancel: CancellationToken::new(),
-            lost: CancellationToken::new(),
-            interrupt: CancellationToken::new(),
-            settled: CancellationToken::new(),
-        }
+        Running::idle(fence)
+    }
+
+    #[tokio::test]
+    async fn a_signal_wakes_only_who_waits_for_it_and_stays_raised() {
+        let signals = Arc::new(Signals::default());
+        let waiting = tokio::spawn({
+            let signals = signals.clone();
+            async move { signals.raised(Signals::INTERRUPT).await }
+        });
+        tokio::task::yield_now().await;
+        signals.raise(Signals::SETTLED);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "woken by another signal");
+        signals.raise(Signals::INTERRUPT);
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("not woken by its signal")
+            .unwrap();
+        // Raised before anyone waits: resolves at once.
+        tokio::time::timeout(Duration::from_secs(5), signals.raised(Signals::SETTLED))
+            .await
+            .expect("a raised signal is not seen");
+        assert!(!signals.is_raised(Signals::LOST));
     }
 
     #[test]
@@ -296,15 +361,15 @@ mod tests {
         .unwrap();
         let set = RunningSet::default();
         let r = running(1);
-        r.settled.cancel();
+        r.signals.raise(Signals::SETTLED);
         set.insert(id, r.clone());
         assert_eq!(beat(db.pool(), &set).await, 0);
-        assert!(!r.lost.is_cancelled());
+        assert!(!r.signals.is_raised(Signals::LOST));
         // The same row under an attempt whose outcome was never sent: that lease is lost.
         let r = running(1);
         set.insert(id, r.clone());
         assert_eq!(beat(db.pool(), &set).await, 1);
-        assert!(r.lost.is_cancelled());
+        assert!(r.signals.is_raised(Signals::LOST));
         db.close().await;
     }
 }

@@ -747,7 +747,7 @@ impl RuntimeHandle {
             );
             for (_, r) in left {
                 r.cancel.cancel();
-                r.interrupt.cancel();
+                r.signals.raise(lease::Signals::INTERRUPT);
             }
             self.attempts.wait().await;
             report.handed_back = self.running.handed_back();
