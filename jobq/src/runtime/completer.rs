@@ -157,20 +157,33 @@ impl Settle {
 
 struct Request {
     write: Write,
-    settle: Settle,
+    /// Taken when settled; a request dropped unsettled (its flush panicked) settles as
+    /// given up on, so its lease is left to expire instead of being kept alive for good.
+    settle: Option<Settle>,
+    running: RunningSet,
     /// Told once the attempt is settled, if it waits for that.
     ack: Option<oneshot::Sender<()>>,
     _queued: Backlogged,
 }
 
 impl Request {
-    fn settled(self, written: Option<&Written>, running: &RunningSet) {
+    fn settled(mut self, written: Option<&Written>) {
         if let Some(written) = written {
             report(&self.write, written);
         }
-        self.settle.done(&self.write, written, running);
-        if let Some(ack) = self.ack {
+        if let Some(settle) = self.settle.take() {
+            settle.done(&self.write, written, &self.running);
+        }
+        if let Some(ack) = self.ack.take() {
             let _ = ack.send(());
+        }
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if let Some(settle) = self.settle.take() {
+            settle.done(&self.write, None, &self.running);
         }
     }
 }
@@ -204,7 +217,7 @@ impl Completer {
         running: RunningSet,
     ) -> (Completer, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(pool, rx, running.clone()));
+        let task = tokio::spawn(run(pool, rx));
         let completer = Completer {
             tx,
             backlog: Arc::new(AtomicUsize::new(0)),
@@ -239,14 +252,15 @@ impl Completer {
         self.backlog.fetch_add(1, Ordering::Relaxed);
         let request = Request {
             write,
-            settle,
+            settle: Some(settle),
+            running: self.running.clone(),
             ack,
             _queued: Backlogged(self.backlog.clone()),
         };
         // The completer is gone only once every sender is: settled here, unwritten (the
         // lease expires and the reaper returns the job).
         if let Err(mpsc::error::SendError(request)) = self.tx.send(request) {
-            request.settled(None, &self.running);
+            request.settled(None);
         }
     }
 }
@@ -272,7 +286,7 @@ const OVERLAP_MIN: usize = 32;
 /// average, during which its attempt held its slot. Flushes overlap once enough outcomes
 /// wait (PostgreSQL commits them together), and whatever queues while they run goes in
 /// the next one. Returns when every sender is gone and every flush has finished.
-async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>, running: RunningSet) {
+async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
     let mut batch: Vec<Request> = Vec::with_capacity(64);
     let mut flushes = JoinSet::new();
     let mut open = true;
@@ -287,9 +301,9 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>, running: Ru
         if !batch.is_empty()
             && (flushes.is_empty() || (room && (batch.len() >= OVERLAP_MIN || !open)))
         {
-            let (pool, running) = (pool.clone(), running.clone());
+            let pool = pool.clone();
             let batch = std::mem::take(&mut batch);
-            flushes.spawn(async move { flush(&pool, batch, &running).await });
+            flushes.spawn(async move { flush(&pool, batch).await });
             continue;
         }
         if !open && batch.is_empty() && flushes.is_empty() {
@@ -309,7 +323,7 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>, running: Ru
     }
 }
 
-async fn flush(pool: &PgPool, mut batch: Vec<Request>, running: &RunningSet) {
+async fn flush(pool: &PgPool, mut batch: Vec<Request>) {
     let (completes, others): (Vec<Request>, Vec<Request>) = batch
         .drain(..)
         .partition(|r| matches!(r.write, Write::Complete { .. }));
@@ -335,7 +349,7 @@ async fn flush(pool: &PgPool, mut batch: Vec<Request>, running: &RunningSet) {
                         FenceResult::AlreadyDone => Written::AlreadyDone,
                         FenceResult::Stale => Written::Stale,
                     };
-                    req.settled(Some(&written), running);
+                    req.settled(Some(&written));
                 }
                 // The next jobs of the completed ordered jobs' keys, once their attempts
                 // have their acks: a settle that fails is left to the sweeper.
@@ -351,7 +365,7 @@ async fn flush(pool: &PgPool, mut batch: Vec<Request>, running: &RunningSet) {
             }
             None => {
                 for req in completes {
-                    req.settled(None, running);
+                    req.settled(None);
                 }
             }
         }
@@ -362,7 +376,7 @@ async fn flush(pool: &PgPool, mut batch: Vec<Request>, running: &RunningSet) {
             write_one(&mut conn, &req.write, None).await
         })
         .await;
-        req.settled(result.as_ref(), running);
+        req.settled(result.as_ref());
     }
 }
 
@@ -408,4 +422,36 @@ where
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A flush that panics drops its requests: their attempts leave the running set, so
+    /// their leases expire and the reaper returns the jobs, instead of the heartbeat
+    /// keeping them alive with no outcome ever to come.
+    #[test]
+    fn a_request_dropped_unsettled_leaves_the_running_set() {
+        let running = RunningSet::default();
+        running.insert(7, super::super::lease::Running::idle(3));
+        let request = Request {
+            write: Write::Complete {
+                id: 7,
+                fence: 3,
+                output: None,
+            },
+            settle: Some(Settle {
+                kind: "k".to_owned(),
+                queue: "q".to_owned(),
+                claimed: Instant::now(),
+                interrupted: false,
+            }),
+            running: running.clone(),
+            ack: None,
+            _queued: Backlogged(Arc::new(AtomicUsize::new(1))),
+        };
+        drop(request);
+        assert!(running.snapshot().is_empty());
+    }
 }
