@@ -721,24 +721,26 @@ async fn a_prune_pass_starts_where_the_last_one_ended_while_full_passes_are_slow
             batch: 100,
             ..Default::default()
         };
-        let pruner = crate::maintenance::Pruner::new(pool.clone(), config);
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        // Half the rows are past their retention 25 minutes earlier, all of them now.
+        let pruner = crate::maintenance::Pruner::new(pool, config);
+        // The rows finished one a second from the seed's base; a week later (the default
+        // retention) the first 1,500 are due, and all of them 1,500 s after that.
+        let base = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z").unwrap();
+        let at = |secs| Some(base.to_utc() + chrono::Duration::days(7) + secs);
         let earlier = pruner
-            .run_once_at(Some(now - chrono::Duration::minutes(25)))
+            .run_once_at(at(chrono::Duration::milliseconds(1_500_500)))
             .await
             .unwrap();
         assert_eq!(earlier.done, 1500);
         pruner.ran_full_passes(std::time::Duration::from_secs(1));
-        let later = pruner.run_once_at(Some(now)).await.unwrap();
+        let later = pruner
+            .run_once_at(at(chrono::Duration::seconds(3_001)))
+            .await
+            .unwrap();
         earlier.total() + later.total()
     };
     let (deleted, read) = counted_under_a_held_snapshot(
         "INSERT INTO jobq.jobs (kind, payload, state, finished_at)
-           SELECT 'a', '{}', 'done', now() - interval '7 days 50 minutes' + i * interval '1 second'
+           SELECT 'a', '{}', 'done', '2026-01-01T00:00:00Z'::timestamptz + i * interval '1 second'
            FROM generate_series(1, 3000) i;
          ANALYZE jobq.jobs;",
         "jobs_finished_idx",
