@@ -74,6 +74,44 @@ impl Pace {
     }
 }
 
+/// Where a read that walks an index in order starts: from the oldest ("full"), or, once
+/// a full read has grown slow ([`Pace`]), from the position the reads before it reached,
+/// until a full read is due again.
+///
+/// While a snapshot is held open, the index entries of the rows earlier reads passed
+/// (deleted, published) stay, and every read from the oldest walks all of them; a read
+/// from the position does not. A row that appears behind the position (skipped as
+/// locked, or in a transaction that committed late) waits for the next full read. The
+/// claims' own `runtime::producer::Cursor` follows the same rule per served kind.
+#[derive(Debug, Default)]
+pub(crate) struct Resume<T> {
+    at: Mutex<Option<T>>,
+    full: Pace,
+}
+
+impl<T: Copy> Resume<T> {
+    /// Where a read starting `now` starts: `None` for a full read, else the position
+    /// (itself `None` while no read has reached one).
+    pub(crate) fn start(&self, now: Instant) -> Option<Option<T>> {
+        if self.full.due(now) {
+            return None;
+        }
+        Some(*self.at.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Records a full read that started at `started` and took `took`.
+    pub(crate) fn ran_full(&self, started: Instant, took: Duration) {
+        self.full.ran(started, took);
+    }
+
+    /// Moves the position to `at`, when a read reached one.
+    pub(crate) fn reached(&self, at: Option<T>) {
+        if at.is_some() {
+            *self.at.lock().unwrap_or_else(|p| p.into_inner()) = at;
+        }
+    }
+}
+
 /// Runs `pass` unless `pace` says it is not due yet (`None`: always), and records its
 /// run on the pace. `None` when it did not run.
 pub(crate) async fn paced<T>(

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{Leader, Pace};
+use super::{Leader, Resume};
 use crate::error::Error;
 use crate::store::{self, PruneParams};
 
@@ -141,53 +141,17 @@ struct Pass {
 /// A rule's key among [`Starts`]: its state (`inbox` for the inbox) and kind.
 type RuleKey = (&'static str, Option<String>);
 
-/// Where each rule's next pass starts.
-///
-/// A pass reads the rule's index from the oldest row, passing the entries of rows
-/// earlier passes deleted. Those are normally few (vacuum removes them), but while a
-/// snapshot is held open nothing can, and the first batch of every pass walked all of
-/// them: at the end of a five-minute hold, batches of one to two seconds.
-///
-/// So the rule, as for claims (`runtime::producer::Cursor`): a pass reads from the
-/// oldest ("full"), but once a full pass's first batch takes longer than [`Pace::FREE`],
-/// the passes after it start where the pass before ended (the last row it deleted), until
-/// a full pass is due again ([`Pace`]). A row left behind that position (skipped as
-/// locked, or finished in a transaction that committed after later rows were deleted)
-/// waits for that full pass.
+/// Where each rule's next pass starts: from the oldest row, or, while passes from there
+/// are slow, from the last row the rule deleted ([`Resume`]; timed by each full pass's
+/// first batch). At the end of a five-minute hold, first batches from the oldest took one
+/// to two seconds.
 #[derive(Debug, Default)]
-struct Starts(Mutex<HashMap<RuleKey, Start>>);
-
-#[derive(Debug, Default)]
-struct Start {
-    /// When the last row the rule deleted had finished.
-    after: Option<DateTime<Utc>>,
-    full: Pace,
-}
+struct Starts(Mutex<HashMap<RuleKey, Arc<Resume<DateTime<Utc>>>>>);
 
 impl Starts {
-    /// Where a pass starting `now` starts `key`'s deletions, or `None` for a full pass.
-    fn start(&self, key: &RuleKey, now: Instant) -> Option<Option<DateTime<Utc>>> {
-        let starts = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let start = starts.get(key)?;
-        (!start.full.due(now)).then_some(start.after)
-    }
-
-    /// Records a full pass whose first batch started at `started` and took `took`.
-    fn ran_full(&self, key: &RuleKey, started: Instant, took: Duration) {
+    fn of(&self, key: &RuleKey) -> Arc<Resume<DateTime<Utc>>> {
         let mut starts = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        starts
-            .entry(key.clone())
-            .or_default()
-            .full
-            .ran(started, took);
-    }
-
-    /// Records where a pass of `key` ended: the last row it deleted, if any.
-    fn ended(&self, key: &RuleKey, last: Option<DateTime<Utc>>) {
-        if last.is_some() {
-            let mut starts = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            starts.entry(key.clone()).or_default().after = last;
-        }
+        starts.entry(key.clone()).or_default().clone()
     }
 }
 
@@ -294,10 +258,9 @@ impl Pruner {
     async fn deletions(&self, key: &RuleKey, pass: &mut Pass, rows: Rows<'_>) -> Result<(), Error> {
         let batch = self.config.batch.max(1);
         let size = u64::try_from(batch).unwrap_or(u64::MAX);
-        let (mut from, mut full) = match self.starts.start(key, Instant::now()) {
-            Some(after) => (after, false),
-            None => (None, true),
-        };
+        let resume = self.starts.of(key);
+        let start = resume.start(Instant::now());
+        let (mut from, mut full) = (start.flatten(), start.is_none());
         loop {
             let mut tx = self.pool.begin().await?;
             let started = Instant::now();
@@ -308,7 +271,7 @@ impl Pruner {
                 }
             };
             if std::mem::take(&mut full) {
-                self.starts.ran_full(key, started, started.elapsed());
+                resume.ran_full(started, started.elapsed());
             }
             from = last.or(from);
             // Counted once committed, as the audit row says.
@@ -318,7 +281,7 @@ impl Pruner {
             self.audit(&mut tx, &mut pass.audit_row, n, &report).await?;
             tx.commit().await?;
             pass.report = report;
-            self.starts.ended(key, last);
+            resume.reached(last);
             if n < size {
                 return Ok(());
             }
@@ -329,12 +292,9 @@ impl Pruner {
     /// without a slow table).
     #[cfg(test)]
     pub(crate) fn ran_full_passes(&self, took: Duration) {
-        let keys: Vec<RuleKey> = {
-            let starts = self.starts.0.lock().unwrap_or_else(|p| p.into_inner());
-            starts.keys().cloned().collect()
-        };
-        for key in keys {
-            self.starts.ran_full(&key, Instant::now(), took);
+        let starts = self.starts.0.lock().unwrap_or_else(|p| p.into_inner());
+        for resume in starts.values() {
+            resume.ran_full(Instant::now(), took);
         }
     }
 

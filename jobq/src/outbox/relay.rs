@@ -31,7 +31,7 @@ use tracing::{debug, warn};
 
 use super::OutboxEvent;
 use crate::error::Error;
-use crate::maintenance::{Leader, Pace, jittered};
+use crate::maintenance::{Leader, Resume, jittered};
 use crate::store::{self, PublishFailure};
 
 /// The advisory-lock key of the outbox retention's leader election ("jobqoutp" in
@@ -152,45 +152,9 @@ impl Drop for Held<'_> {
 pub struct Relay {
     sink: Arc<dyn Sink>,
     config: RelayConfig,
-    window: Arc<Window>,
-}
-
-/// Where a relay's window of unpublished events starts.
-///
-/// The window is read from the oldest unpublished event ("full"), passing the index
-/// entries of events published before it. Those are normally few (vacuum removes them),
-/// but while a snapshot is held open nothing can, and every pass walked every event
-/// published since the snapshot was taken. So, as for claims
-/// (`runtime::producer::Cursor`): once a full window takes longer than
-/// [`Pace::FREE`], the passes after it start at the first event of the window before,
-/// until a full window is due again ([`Pace`]). An event behind that start (its
-/// transaction committed after later events were published) waits for the full window.
-#[derive(Debug, Default)]
-struct Window {
-    /// The first event of the last window.
-    first: std::sync::Mutex<Option<i64>>,
-    full: Pace,
-}
-
-impl Window {
-    /// Where a window read `now` starts, or `None` for a full one.
-    fn start(&self, now: Instant) -> Option<i64> {
-        if self.full.due(now) {
-            return None;
-        }
-        *self.first.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Records a window read from `from` (`None`: full) that started `at`, took `took`
-    /// and began at the event `first` (`None`: it was empty).
-    fn read(&self, from: Option<i64>, at: Instant, took: Duration, first: Option<i64>) {
-        if from.is_none() {
-            self.full.ran(at, took);
-        }
-        if first.is_some() {
-            *self.first.lock().unwrap_or_else(|p| p.into_inner()) = first;
-        }
-    }
+    /// Where the window of unpublished events starts: the first event of the last
+    /// window, while windows read from the oldest are slow ([`Resume`]).
+    window: Arc<Resume<i64>>,
 }
 
 impl fmt::Debug for Relay {
@@ -293,15 +257,18 @@ impl Relay {
             clean: false,
         };
         let started = Instant::now();
-        let from = self.window.start(started);
+        let start = self.window.start(started);
         let (keys, first) = store::outbox_lock(
             held.conn,
             self.config.window.max(self.config.batch) as i64,
             self.config.batch as i64,
-            from,
+            start.flatten(),
         )
         .await?;
-        self.window.read(from, started, started.elapsed(), first);
+        if start.is_none() {
+            self.window.ran_full(started, started.elapsed());
+        }
+        self.window.reached(first);
         if keys.is_empty() {
             held.clean = true;
             return Ok(RelayReport::default());
@@ -384,7 +351,7 @@ impl Relay {
     /// without a slow table).
     #[cfg(test)]
     pub(crate) fn ran_full_window(&self, took: Duration) {
-        self.window.full.ran(Instant::now(), took);
+        self.window.ran_full(Instant::now(), took);
     }
 
     /// Deletes published events past the retention, in batches of 1,000, oldest first,
