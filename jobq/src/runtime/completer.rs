@@ -4,6 +4,7 @@
 //! metrics, and its removal from the running set, whose heartbeat kept the lease alive
 //! until then. An attempt that still holds its slot is told then too.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -60,8 +61,9 @@ impl Write {
 /// What became of a write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Written {
-    /// Applied; for a failure, the job's new state.
-    Applied(Option<String>),
+    /// Applied; the job's new state (`done` for a completion, without an allocation per
+    /// job; read back for a failure).
+    Applied(Option<Cow<'static, str>>),
     /// The attempt had completed the job itself, in its own transaction.
     AlreadyDone,
     /// The attempt no longer held the job; nothing changed.
@@ -80,7 +82,7 @@ pub(crate) async fn write_one(
             let outputs = [output.as_deref()];
             let r = store::job_complete_with_outputs(conn, &[(*id, *fence)], &outputs, now).await?;
             Ok(match r.first() {
-                Some(FenceResult::Applied) => Written::Applied(Some("done".to_owned())),
+                Some(FenceResult::Applied) => Written::Applied(Some(Cow::Borrowed("done"))),
                 Some(FenceResult::AlreadyDone) => Written::AlreadyDone,
                 _ => Written::Stale,
             })
@@ -107,7 +109,7 @@ pub(crate) async fn write_one(
             )
             .await?;
             Ok(match state {
-                Some(s) => Written::Applied(Some(s)),
+                Some(s) => Written::Applied(Some(Cow::Owned(s))),
                 None => Written::Stale,
             })
         }
@@ -345,7 +347,7 @@ async fn flush(pool: &PgPool, mut batch: Vec<Request>) {
             Some((results, ordered)) => {
                 for (req, res) in completes.into_iter().zip(results) {
                     let written = match res {
-                        FenceResult::Applied => Written::Applied(Some("done".to_owned())),
+                        FenceResult::Applied => Written::Applied(Some(Cow::Borrowed("done"))),
                         FenceResult::AlreadyDone => Written::AlreadyDone,
                         FenceResult::Stale => Written::Stale,
                     };

@@ -2,6 +2,7 @@
 //! ahead of them while its handlers are short (see [`Ahead`]), hands each to an executor
 //! task, and when the queue runs dry waits for a wake-up or the poll interval.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -438,7 +439,7 @@ async fn drain_one(
         if let Some(write) = outcome_write(&handler, &job, &outcome, output) {
             let mut conn = config.own.acquire().await?;
             state = match write_one(&mut conn, &write, now).await? {
-                super::completer::Written::Applied(s) => s,
+                super::completer::Written::Applied(s) => s.map(Cow::into_owned),
                 super::completer::Written::AlreadyDone => Some("done".to_owned()),
                 super::completer::Written::Stale => None,
             };
