@@ -1187,6 +1187,104 @@ async fn jobs_claimed_ahead_wait_for_a_slot_keep_their_leases_and_are_handed_bac
     Ok(())
 }
 
+/// Held until the test opens it (the runtime's state), counting starts.
+#[derive(Debug)]
+struct Latch {
+    open: tokio::sync::Semaphore,
+    starts: std::sync::atomic::AtomicUsize,
+}
+
+impl Default for Latch {
+    fn default() -> Self {
+        Latch {
+            open: tokio::sync::Semaphore::new(0),
+            starts: Default::default(),
+        }
+    }
+}
+
+/// A [`Gate`] that ends when its [`Latch`] opens.
+struct Latched;
+impl Job for Latched {
+    const KIND: &'static str = "latched";
+    type Args = N;
+    type Error = JobError;
+    async fn run(ctx: JobContext, _args: N) -> Result<(), JobError> {
+        let latch = ctx
+            .state::<Arc<Latch>>()
+            .ok_or_else(|| JobError::permanent("no_latch", "the runtime holds no Latch"))?;
+        latch.starts.fetch_add(1, Ordering::SeqCst);
+        let _ = latch.open.acquire().await;
+        Ok(())
+    }
+}
+
+/// Jobs claimed ahead are handed back as soon as claiming stops; the shutdown's report
+/// counts them even when every running attempt finishes before the deadline (it counted
+/// only hand-backs at the deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_reports_the_jobs_claimed_ahead_it_handed_back() -> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let latch = Arc::new(Latch::default());
+    let handle = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<Noop>()
+        .register::<Latched>()
+        .state(latch.clone())
+        .queue("default", 2)
+        .prefetch(8)
+        .shutdown_timeout(Duration::from_secs(30))
+        .build()?
+        .start()
+        .await?;
+    // As in the test above: fast no-op jobs first, so the queue claims latched jobs ahead.
+    Noop::enqueue_many(pool, (0..3000).map(|n| N { n })).await?;
+    let latched = Latched::enqueue_many(pool, (0..8).map(|n| N { n })).await?;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            count_running(pool, Latched::KIND).await > 2
+        })
+        .await,
+        "no latched job was claimed ahead of the two slots"
+    );
+    assert!(eventually(Duration::from_secs(5), || async { handle.running() == 2 }).await);
+    let shutdown = tokio::spawn(handle.shutdown());
+    // Claiming has stopped once nothing is claimed any more and the waiting jobs are
+    // back; then the two running attempts may finish, long before the deadline.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            count_running(pool, Latched::KIND).await == 2
+        })
+        .await,
+        "the jobs waiting for a slot were not handed back"
+    );
+    latch.open.add_permits(2);
+    let report = shutdown.await?;
+    assert_eq!(
+        latch.starts.load(Ordering::SeqCst),
+        2,
+        "a waiting job started"
+    );
+    let back: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobq.jobs WHERE kind = 'latched' AND state = 'pending' AND attempts = 0",
+    )
+    .fetch_one(pool)
+    .await?;
+    let done: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobq.jobs WHERE kind = 'latched' AND state = 'done'",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(done, 2);
+    assert_eq!(back, i64::try_from(latched.len())? - 2);
+    // Those never claimed are pending too; the report counts the ones handed back.
+    assert!(report.handed_back > 0 && report.handed_back <= latched.len() - 2);
+    db.close().await;
+    Ok(())
+}
+
 /// Handlers that take their time free slots slowly, so the queue claims nothing ahead:
 /// no job waits in one worker while another could start it. (A burst of starts into idle
 /// slots must not count as a fast queue.)

@@ -710,7 +710,8 @@ pub struct RuntimeHandle {
 /// What a graceful shutdown did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
-    /// Attempts that were still running at the deadline and were handed back.
+    /// Jobs handed back to `pending`: attempts still running at the deadline, and jobs
+    /// claimed ahead that were waiting for a slot when claiming stopped.
     pub handed_back: usize,
 }
 
@@ -750,8 +751,11 @@ impl RuntimeHandle {
                 r.signals.raise(lease::Signals::INTERRUPT);
             }
             self.attempts.wait().await;
-            report.handed_back = self.running.handed_back();
         }
+        // Every hand-back is counted once written, and the attempts that handed a job back
+        // waited for that: jobs claimed ahead and handed back as claiming stopped too,
+        // when every running attempt finished in time.
+        report.handed_back = self.running.handed_back();
         // Every attempt has ended; the completer writes the outcomes it still holds and
         // ends, while the heartbeat keeps their leases.
         drop(self.completer.take());
