@@ -1285,6 +1285,60 @@ async fn a_shutdown_reports_the_jobs_claimed_ahead_it_handed_back() -> anyhow::R
     Ok(())
 }
 
+/// A busy producer has claims in flight at almost any moment (two at once, overlapping);
+/// a shutdown lets them finish and hands their jobs back. Dropped mid-statement, a claim
+/// could commit jobs that no attempt holds, left `running` until their leases expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_in_a_busy_drain_leaves_no_job_running() -> anyhow::Result<()> {
+    init_tracing();
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let total = 30_000;
+    Noop::enqueue_many(pool, (0..total).map(|n| N { n })).await?;
+    let done = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobq.jobs WHERE state = 'done'")
+            .fetch_one(pool)
+            .await
+            .unwrap_or(0)
+    };
+    // Three shutdowns at whatever moment the drain is in, each checked.
+    for round in 1..=3 {
+        let handle = Runtime::builder(pool.clone())
+            .auto_register(false)
+            .register::<Noop>()
+            .queue("default", 128)
+            .prefetch(64)
+            .build()?
+            .start()
+            .await?;
+        let before = done().await;
+        assert!(
+            eventually(Duration::from_secs(60), || async {
+                done().await >= before + 2_000
+            })
+            .await
+        );
+        handle.shutdown().await;
+        let rows: Vec<(String, i32, i64)> = sqlx::query_as(
+            "SELECT state::text, attempts, count(*) FROM jobq.jobs GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .fetch_all(pool)
+        .await?;
+        let done = done().await;
+        assert!(done < total, "the drain ended before shutdown {round}");
+        assert_eq!(
+            rows,
+            vec![
+                ("done".to_owned(), 1, done),
+                ("pending".to_owned(), 0, total - done),
+            ],
+            "after shutdown {round}, every job is done once or pending as never attempted"
+        );
+    }
+    db.close().await;
+    Ok(())
+}
+
 /// Handlers that take their time free slots slowly, so the queue claims nothing ahead:
 /// no job waits in one worker while another could start it. (A burst of starts into idle
 /// slots must not count as a fast queue.)

@@ -1,6 +1,7 @@
 //! The producer: one per queue. It claims as many jobs as it has free slots, plus a few
 //! ahead of them while its handlers are short (see [`Ahead`]), hands each to an executor
-//! task, and when the queue runs dry waits for a wake-up or the poll interval.
+//! task, and when the queue runs dry waits for a wake-up or the poll interval. While the
+//! queue is busy, two claims may be in flight at once (see [`MAX_CLAIMS`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -8,6 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -54,38 +57,85 @@ impl Producer {
         // runs dry after claims that found jobs.
         let mut trail = None;
         let mut cursor = Cursor::new(self.config.kinds.len());
+        // Claims in flight, and the permits gathered for the next one.
+        let mut claims = FuturesUnordered::new();
+        let mut permits: Vec<OwnedSemaphorePermit> = Vec::new();
+        // When a busy producer with no claim in flight claims with fewer permits than it
+        // gathers for (see `GATHER_WAIT`).
+        let mut gathered_by: Option<Instant> = None;
+        // After a failed claim, no claim starts before this.
+        let mut paused_until: Option<Instant> = None;
         loop {
-            let capacity = self.concurrency
-                + ahead.resize(&held, finished.load(Ordering::Relaxed), Instant::now());
-            let first = tokio::select! {
-                _ = stop.cancelled() => return,
-                p = held.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return,
-                },
-            };
-            let mut permits = vec![first];
+            // Claims in flight run to the end once claiming stops, and their jobs are
+            // handed back (dropped mid-statement, the claim could still commit jobs no
+            // attempt holds, stuck `running` until their leases expire).
+            let stopping = stop.is_cancelled();
+            if stopping && claims.is_empty() {
+                return;
+            }
+            let now = Instant::now();
+            paused_until = paused_until.filter(|t| *t > now);
+            let capacity =
+                self.concurrency + ahead.resize(&held, finished.load(Ordering::Relaxed), now);
             while let Ok(p) = held.clone().try_acquire_owned() {
                 permits.push(p);
             }
-            if busy {
-                gather(&held, &mut permits, capacity).await;
+            let overlap = busy && capacity / MAX_CLAIMS >= MIN_OVERLAP;
+            let room = !stopping
+                && paused_until.is_none()
+                && claims.len() < if overlap { MAX_CLAIMS } else { 1 };
+            let target = if busy { (capacity / 2).max(1) } else { 1 };
+            if permits.is_empty() {
+                gathered_by = None;
+            } else if gathered_by.is_none() && claims.is_empty() {
+                gathered_by = Some(now + GATHER_WAIT);
             }
-            let want = permits.len();
-            let sent = Instant::now();
-            let claimed = claim(&self.config, &self.queue, want, None, Some(&mut cursor)).await;
+            let gathered = permits.len() >= target
+                || (claims.is_empty() && gathered_by.is_some_and(|by| by <= now));
+            if room && gathered {
+                let want = if overlap {
+                    permits.len().min(capacity / MAX_CLAIMS)
+                } else {
+                    permits.len()
+                };
+                let taken: Vec<_> = permits.drain(..want).collect();
+                gathered_by = None;
+                let start = cursor.start(now);
+                let (config, queue) = (&self.config, self.queue.as_str());
+                claims.push(async move {
+                    let sent = Instant::now();
+                    let claimed = claim(config, queue, taken.len(), None, Some(start)).await;
+                    (claimed, taken, sent)
+                });
+                continue;
+            }
+            let (claimed, mut taken, sent) = tokio::select! {
+                biased;
+                _ = stop.cancelled(), if !stopping => continue,
+                Some(done) = claims.next(), if !claims.is_empty() => done,
+                p = held.clone().acquire_owned(), if room => {
+                    match p {
+                        Ok(p) => permits.push(p),
+                        Err(_) => return,
+                    }
+                    continue;
+                }
+                _ = sleep_until_some(gathered_by), if room && claims.is_empty() => continue,
+                _ = sleep_until_some(paused_until), if !stopping => continue,
+            };
+            let want = taken.len();
             let (jobs, retry_in) = match claimed {
-                Ok(c) => {
+                Ok((c, ran)) => {
+                    if let Some(ran) = ran {
+                        cursor.record(ran, &self.config.kinds, &c.jobs);
+                    }
                     backoff = Duration::from_millis(100);
                     (c.jobs, c.retry_in)
                 }
                 Err(e) => {
                     warn!(queue = %self.queue, error = %e, "claim failed; retrying in {backoff:?}");
-                    drop(permits);
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
+                    drop(taken);
+                    paused_until = Some(Instant::now() + backoff);
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
@@ -95,7 +145,7 @@ impl Producer {
             if got > 0 {
                 trail = Some(TRAIL.0);
             }
-            for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
+            for (job, permit) in jobs.into_iter().zip(taken.drain(..)) {
                 let env = AttemptEnv {
                     config: self.config.clone(),
                     running: self.running.clone(),
@@ -107,8 +157,8 @@ impl Producer {
                 };
                 self.attempts.spawn(run_claimed(env, job, sent, permit));
             }
-            drop(permits);
-            if got == 0 {
+            drop(taken);
+            if got == 0 && claims.is_empty() {
                 // The queue has no more due jobs: wait for a wake-up or the next poll.
                 // (A short claim is not enough to go idle: with other workers claiming
                 // from the same queue, SKIP LOCKED returns fewer rows than asked while
@@ -117,6 +167,7 @@ impl Producer {
                 // Jobs held back by a limit are looked at again when it may let them
                 // go (a bucket's next token, a concurrency recheck), at least
                 // MIN_LIMIT_WAIT later so tokens are claimed a few at a time.
+                permits.clear();
                 let mut wait = retry_in.map_or(self.config.poll_interval, |d| {
                     d.clamp(
                         MIN_LIMIT_WAIT,
@@ -143,11 +194,38 @@ impl Producer {
     }
 }
 
+/// Sleeps until `at`; never ends for `None`.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The most claims one producer has in flight at once. While the queue is busy, a
+/// claim for half the producer's capacity starts as soon as that many slots are free,
+/// even while the claim before it still runs: on a server with few cores, one claim at a
+/// time left them idle between a claim's rows coming back and the next claim starting.
+const MAX_CLAIMS: usize = 2;
+
+/// Claims overlap only where each would claim at least this many jobs: a small
+/// producer's claims are cheap, and splitting them only makes more statements.
+const MIN_OVERLAP: usize = 32;
+
 /// The shortest wait for jobs a limit held back, so tokens are claimed a few at a time
 /// (a bucket smaller than its rate's 10 ms worth runs a little below its rate).
 const MIN_LIMIT_WAIT: Duration = Duration::from_millis(10);
 
-/// How long a busy producer waits for more free slots before it claims.
+/// How long a busy producer with no claim in flight waits for more free slots before it
+/// claims.
+///
+/// While the queue is busy, jobs finish a few at a time (the attempts of one completed
+/// batch drop their permits one by one), and claiming whenever one frees makes many tiny
+/// claims: each is a statement and a commit, and each scans the claim index past the
+/// entries of the jobs claimed before it. So a busy producer gathers half of its capacity
+/// (slots plus jobs ahead) before it claims, waiting at most this long when no claim is
+/// in flight. An idle queue (the last claim came back short) is not delayed: a wake-up
+/// claims at once.
 const GATHER_WAIT: Duration = Duration::from_millis(5);
 
 /// A job claimed ahead of the free slots is one expected to start within this long.
@@ -223,34 +301,6 @@ impl Ahead {
     }
 }
 
-/// While the queue is busy, jobs finish a few at a time (the attempts of one completed
-/// batch drop their permits one by one), and claiming whenever one frees makes many
-/// tiny claims: each is a statement and a commit, and each scans the claim index past
-/// the entries of the jobs claimed before it. So a busy producer waits up to
-/// [`GATHER_WAIT`] for half of its `capacity` (slots plus jobs ahead) before it claims.
-/// An idle queue (the last claim came back short) is not delayed: a wake-up claims at
-/// once.
-async fn gather(held: &Arc<Semaphore>, permits: &mut Vec<OwnedSemaphorePermit>, capacity: usize) {
-    let target = (capacity / 2).max(1);
-    if permits.len() >= target {
-        return;
-    }
-    let deadline = tokio::time::sleep(GATHER_WAIT);
-    tokio::pin!(deadline);
-    while permits.len() < target {
-        tokio::select! {
-            p = held.clone().acquire_owned() => match p {
-                Ok(p) => permits.push(p),
-                Err(_) => return,
-            },
-            _ = &mut deadline => break,
-        }
-    }
-    while let Ok(p) = held.clone().try_acquire_owned() {
-        permits.push(p);
-    }
-}
-
 /// Where a producer's claims start.
 ///
 /// A claim reads the claim index from the start of each served kind's range, passing
@@ -300,18 +350,12 @@ impl Cursor {
         self.from_positions.then(|| self.full.due_in(now))
     }
 
-    /// Records a claim that started `at` and took `took`, full or not, and the jobs it
-    /// claimed. A kind's position moves to its last job claimed: forward after a claim
-    /// from a position, anywhere after a full one (which read the kind from its start).
-    /// A kind that claimed nothing keeps its position.
-    pub(crate) fn record(
-        &mut self,
-        full: bool,
-        at: Instant,
-        took: Duration,
-        kinds: &[String],
-        jobs: &[ClaimedJob],
-    ) {
+    /// Records a claim that ran as `ran` says, and the jobs it claimed. A kind's position
+    /// moves to its last job claimed: forward after a claim from a position, anywhere
+    /// after a full one (which read the kind from its start). A kind that claimed nothing
+    /// keeps its position.
+    pub(crate) fn record(&mut self, ran: Ran, kinds: &[String], jobs: &[ClaimedJob]) {
+        let Ran { full, at, took } = ran;
         self.from_positions = !full;
         if full {
             self.full.ran(at, took);
@@ -329,15 +373,26 @@ impl Cursor {
     }
 }
 
-/// Claims within the limits in force (read again when older than the poll interval),
-/// from the `cursor`'s positions when it gives them.
+/// How a claim that keeps a [`Cursor`] ran, for [`Cursor::record`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ran {
+    /// Whether it read from the start.
+    full: bool,
+    at: Instant,
+    took: Duration,
+}
+
+/// Claims within the limits in force (read again when older than the poll interval).
+/// A claim that keeps a cursor gives `start`, where the cursor said to start
+/// ([`Cursor::start`]), and gets back how it ran; limited claims always start from the
+/// start, and record nothing.
 async fn claim(
     config: &Config,
     queue: &str,
     limit: usize,
     now: Option<DateTime<Utc>>,
-    cursor: Option<&mut Cursor>,
-) -> Result<crate::flow::limits::Claimed, Error> {
+    start: Option<Option<Vec<Option<ClaimPosition>>>>,
+) -> Result<(crate::flow::limits::Claimed, Option<Ran>), Error> {
     let limits = match config.limits.fresh().await {
         Some(limits) => limits,
         None => {
@@ -353,9 +408,9 @@ async fn claim(
         &config.own
     };
     let mut held = pool.acquire().await?;
-    let cursor = cursor.filter(|_| !limited);
-    let started = Instant::now();
-    let after = cursor.as_ref().and_then(|c| c.start(started));
+    let start = start.filter(|_| !limited);
+    let at = Instant::now();
+    let after = start.as_ref().and_then(Option::as_deref);
     let jobs = crate::flow::limits::claim(
         &mut held,
         &ClaimParams {
@@ -365,17 +420,18 @@ async fn claim(
             limit: i64::try_from(limit).unwrap_or(i64::MAX),
             worker: &config.worker_id,
             now,
-            after: after.as_deref(),
+            after,
         },
         &limits,
         config.poll_interval,
     )
     .await?;
-    if let Some(cursor) = cursor {
-        let took = started.elapsed();
-        cursor.record(after.is_none(), started, took, &config.kinds, &jobs.jobs);
-    }
-    Ok(jobs)
+    let ran = start.map(|after| Ran {
+        full: after.is_none(),
+        at,
+        took: at.elapsed(),
+    });
+    Ok((jobs, ran))
 }
 
 /// The most attempts one `Runtime::drain` runs: a handler that keeps enqueueing due jobs
@@ -405,7 +461,7 @@ pub(crate) async fn drain(
         for queue in config.queues.keys() {
             // One at a time: this task is a single slot, and a claimed job's lease starts
             // at the claim, so claiming ahead would age leases of jobs not yet started.
-            let claimed = claim(config, queue, 1, now, None).await?.jobs;
+            let claimed = claim(config, queue, 1, now, None).await?.0.jobs;
             for job in claimed {
                 ran += 1;
                 report.attempts.push(drain_one(config, job, now).await?);
@@ -537,6 +593,10 @@ mod tests {
         }
     }
 
+    fn ran(full: bool, at: Instant, took: Duration) -> Ran {
+        Ran { full, at, took }
+    }
+
     #[test]
     fn cursor_claims_from_positions_only_while_full_claims_are_slow() {
         let kinds = ["a".to_owned(), "b".to_owned()];
@@ -546,11 +606,19 @@ mod tests {
         assert_eq!(cursor.start(t0), None, "the first claim is full");
 
         // A fast full claim: the next is full too.
-        cursor.record(true, t0, ms(1), &kinds, &[job("a", 0, 5), job("a", 0, 7)]);
+        cursor.record(
+            ran(true, t0, ms(1)),
+            &kinds,
+            &[job("a", 0, 5), job("a", 0, 7)],
+        );
         assert_eq!(cursor.start(t0 + ms(1)), None);
 
         // A slow one: claims from positions for 20 times its cost.
-        cursor.record(true, t0, ms(10), &kinds, &[job("a", 0, 7), job("a", 0, 9)]);
+        cursor.record(
+            ran(true, t0, ms(10)),
+            &kinds,
+            &[job("a", 0, 7), job("a", 0, 9)],
+        );
         let at = |c: &Cursor, t| {
             c.start(t)
                 .map(|a| a.iter().map(|p| p.map(|p| p.id)).collect::<Vec<_>>())
@@ -560,33 +628,31 @@ mod tests {
         // An idle producer waits no longer than that for the full claim after a claim
         // from positions; after a full one, for a wake-up or the poll.
         assert_eq!(cursor.full_in(t0 + ms(150)), None);
-        cursor.record(false, t0 + ms(15), ms(1), &kinds, &[]);
+        cursor.record(ran(false, t0 + ms(15), ms(1)), &kinds, &[]);
         assert_eq!(cursor.full_in(t0 + ms(150)), Some(ms(50)));
         // Due already (it fell due while that claim ran): at once, not at the poll.
         assert_eq!(cursor.full_in(t0 + ms(200)), Some(Duration::ZERO));
 
         // From a position, a kind's position only moves forward; one claiming nothing
         // keeps its own.
-        cursor.record(false, t0 + ms(20), ms(1), &kinds, &[job("b", 0, 3)]);
+        cursor.record(ran(false, t0 + ms(20), ms(1)), &kinds, &[job("b", 0, 3)]);
         cursor.record(
-            false,
-            t0 + ms(30),
-            ms(1),
+            ran(false, t0 + ms(30), ms(1)),
             &kinds,
             &[job("a", 0, 8), job("b", 1, 2)],
         );
         assert_eq!(at(&cursor, t0 + ms(40)), Some(vec![Some(9), Some(2)]));
         // A full claim moves it back to what it found first.
-        cursor.record(true, t0 + ms(50), ms(10), &kinds, &[job("a", -1, 100)]);
+        cursor.record(ran(true, t0 + ms(50), ms(10)), &kinds, &[job("a", -1, 100)]);
         assert_eq!(at(&cursor, t0 + ms(60)), Some(vec![Some(100), Some(2)]));
         let a = cursor.start(t0 + ms(60)).unwrap()[0].unwrap();
         assert_eq!((a.priority, a.id), (-1, 100));
 
         // A full claim at least every minute, however long they take.
-        cursor.record(true, t0, ms(6), &kinds, &[]);
+        cursor.record(ran(true, t0, ms(6)), &kinds, &[]);
         assert!(cursor.start(t0 + ms(119)).is_some());
         assert_eq!(cursor.start(t0 + ms(120)), None);
-        cursor.record(true, t0, ms(5_000), &kinds, &[]);
+        cursor.record(ran(true, t0, ms(5_000)), &kinds, &[]);
         assert!(cursor.start(t0 + ms(59_999)).is_some());
         assert_eq!(cursor.start(t0 + ms(60_000)), None);
     }
