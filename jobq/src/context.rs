@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -32,8 +31,8 @@ pub struct JobContext {
 #[derive(Clone)]
 struct Inner {
     id: JobId,
-    kind: String,
-    queue: String,
+    kind: Arc<str>,
+    queue: Arc<str>,
     attempt: u32,
     /// The claim's lease generation: with the id, the fencing token of every write.
     fence: i64,
@@ -59,7 +58,39 @@ pub(crate) struct AttemptLease {
     /// When this process must consider the lease lost, by its monotonic clock: the send
     /// time of the last successful extension plus the lease. The database's own expiry
     /// is always later, so the attempt is dropped before anyone else can claim the job.
-    pub(crate) deadline: Arc<watch::Sender<Instant>>,
+    pub(crate) deadline: Arc<Deadline>,
+}
+
+/// An attempt's local lease deadline: moved only later, by each successful extension,
+/// and read by the watchdog when its sleep ends (a later deadline puts it back to
+/// sleep), so an extension wakes nobody.
+#[derive(Debug)]
+pub(crate) struct Deadline {
+    first: Instant,
+    /// How far past `first` the deadline is now, in nanoseconds.
+    past_first: std::sync::atomic::AtomicU64,
+}
+
+impl Deadline {
+    pub(crate) fn new(at: Instant) -> Deadline {
+        Deadline {
+            first: at,
+            past_first: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn get(&self) -> Instant {
+        let past = self.past_first.load(std::sync::atomic::Ordering::Acquire);
+        self.first + Duration::from_nanos(past)
+    }
+
+    /// Moves the deadline to `at` if that is later.
+    pub(crate) fn extend_to(&self, at: Instant) {
+        let past =
+            u64::try_from(at.saturating_duration_since(self.first).as_nanos()).unwrap_or(u64::MAX);
+        self.past_first
+            .fetch_max(past, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 impl fmt::Debug for JobContext {
@@ -79,8 +110,8 @@ impl fmt::Debug for JobContext {
 /// The parts the executor builds a context from.
 pub(crate) struct ContextParts {
     pub(crate) id: JobId,
-    pub(crate) kind: String,
-    pub(crate) queue: String,
+    pub(crate) kind: Arc<str>,
+    pub(crate) queue: Arc<str>,
     pub(crate) attempt: u32,
     pub(crate) fence: i64,
     pub(crate) max_attempts: u32,
@@ -143,8 +174,8 @@ impl JobContext {
     pub fn detached(kind: impl Into<String>) -> Self {
         JobContext::from_parts(ContextParts {
             id: JobId(0),
-            kind: kind.into(),
-            queue: "default".to_owned(),
+            kind: Arc::from(kind.into()),
+            queue: Arc::from("default"),
             attempt: 1,
             fence: 0,
             max_attempts: 1,
@@ -181,7 +212,7 @@ impl JobContext {
     /// Sets the queue (detached contexts).
     #[must_use]
     pub fn with_queue(self, queue: impl Into<String>) -> Self {
-        let queue = queue.into();
+        let queue = Arc::from(queue.into());
         self.edit(|p| p.queue = queue)
     }
 
@@ -375,15 +406,7 @@ impl JobContext {
         let (id, fence) = self.fence();
         let mut conn = l.own.acquire().await?;
         if store::lease_extend_one(&mut conn, id, fence, lease.as_secs_f64()).await? {
-            l.deadline.send_if_modified(|d| {
-                let new = sent + lease;
-                if new > *d {
-                    *d = new;
-                    true
-                } else {
-                    false
-                }
-            });
+            l.deadline.extend_to(sent + lease);
             Ok(())
         } else {
             Err(self.lease_lost())

@@ -22,6 +22,8 @@
 //! | `jobq_outbox_lag_seconds` | gauge | `event_type` | now − `created_at` of the oldest unpublished event, refreshed by each relay every 5 s |
 //! | `jobq_outbox_unpublished` | gauge | `event_type` | unpublished events, refreshed with the lag |
 
+use std::sync::Arc;
+
 /// Counter: jobs inserted by enqueue.
 pub const JOBS_ENQUEUED: &str = "jobq_jobs_enqueued_total";
 /// Counter: attempts that completed their job.
@@ -95,31 +97,43 @@ pub(crate) fn enqueued(kind: &str, queue: &str, n: u64) {
     }
 }
 
-pub(crate) fn claimed(kind: &str, queue: &str, wait_secs: f64) {
-    metrics::histogram!(JOB_WAIT, "kind" => kind.to_owned(), "queue" => queue.to_owned())
+/// Records a claimed job's wait. Labels share the claim's names (an `Arc` clone each).
+pub(crate) fn claimed(kind: &Arc<str>, queue: &Arc<str>, wait_secs: f64) {
+    metrics::histogram!(JOB_WAIT, "kind" => kind.clone(), "queue" => queue.clone())
         .record(wait_secs);
 }
 
 /// Records an attempt whose outcome was written, leaving the job in `state`.
-pub(crate) fn finished(kind: &str, queue: &str, state: &str, code: Option<&str>, secs: f64) {
-    let (k, q) = (kind.to_owned(), queue.to_owned());
-    let code = code.unwrap_or("none").to_owned();
-    match state {
-        "done" => metrics::counter!(JOBS_COMPLETED, "kind" => k.clone(), "queue" => q.clone())
-            .increment(1),
-        "pending" | "scheduled" => metrics::counter!(JOBS_RETRIED, "kind" => k.clone(), "queue" => q.clone(), "code" => code)
-            .increment(1),
-        "failed" => metrics::counter!(JOBS_FAILED, "kind" => k.clone(), "queue" => q.clone(), "code" => code)
-            .increment(1),
-        "cancelled" => metrics::counter!(JOBS_CANCELLED, "kind" => k.clone(), "queue" => q.clone())
-            .increment(1),
-        _ => {}
-    }
+pub(crate) fn finished(
+    kind: &Arc<str>,
+    queue: &Arc<str>,
+    state: &str,
+    code: Option<&str>,
+    secs: f64,
+) {
+    let (k, q) = (kind.clone(), queue.clone());
+    let code = || code.unwrap_or("none").to_owned();
     let outcome = match state {
-        "done" => "done",
-        "pending" | "scheduled" => "retried",
-        "failed" => "failed",
-        "cancelled" => "cancelled",
+        "done" => {
+            metrics::counter!(JOBS_COMPLETED, "kind" => k.clone(), "queue" => q.clone())
+                .increment(1);
+            "done"
+        }
+        "pending" | "scheduled" => {
+            metrics::counter!(JOBS_RETRIED, "kind" => k.clone(), "queue" => q.clone(), "code" => code())
+                .increment(1);
+            "retried"
+        }
+        "failed" => {
+            metrics::counter!(JOBS_FAILED, "kind" => k.clone(), "queue" => q.clone(), "code" => code())
+                .increment(1);
+            "failed"
+        }
+        "cancelled" => {
+            metrics::counter!(JOBS_CANCELLED, "kind" => k.clone(), "queue" => q.clone())
+                .increment(1);
+            "cancelled"
+        }
         _ => "other",
     };
     metrics::histogram!(JOB_DURATION, "kind" => k, "queue" => q, "outcome" => outcome).record(secs);

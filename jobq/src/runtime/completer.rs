@@ -127,8 +127,8 @@ pub(crate) async fn write_one(
 /// attempt that gave its slot back ends when its handler returns.
 #[derive(Debug)]
 pub(crate) struct Settle {
-    pub(crate) kind: String,
-    pub(crate) queue: String,
+    pub(crate) kind: std::sync::Arc<str>,
+    pub(crate) queue: std::sync::Arc<str>,
     /// When the job's claim was sent (the `finished` metric's duration starts there).
     pub(crate) claimed: Instant,
     /// A hand-back by the shutdown, counted in its report once applied.
@@ -444,8 +444,8 @@ mod tests {
                 output: None,
             },
             settle: Some(Settle {
-                kind: "k".to_owned(),
-                queue: "q".to_owned(),
+                kind: "k".into(),
+                queue: "q".into(),
                 claimed: Instant::now(),
                 interrupted: false,
             }),

@@ -245,8 +245,7 @@ pub(crate) async fn run_claimed(
         };
         crate::metrics::claimed(&job.kind, &job.queue, job.wait_secs);
         let lease = handler.lease();
-        let (deadline_tx, deadline_rx) = tokio::sync::watch::channel(claim_sent + lease);
-        let deadline = std::sync::Arc::new(deadline_tx);
+        let deadline = std::sync::Arc::new(crate::context::Deadline::new(claim_sent + lease));
         let cancel = tokio_util::sync::CancellationToken::new();
         let signals = std::sync::Arc::new(Signals::default());
         env.running.insert(
@@ -259,10 +258,10 @@ pub(crate) async fn run_claimed(
                 signals: signals.clone(),
             },
         );
-        let ctx = attempt_context(&env.config, &job, cancel.clone(), deadline);
+        let ctx = attempt_context(&env.config, &job, lease, cancel.clone(), deadline.clone());
         let stop = async {
             tokio::select! {
-                _ = super::lease::watchdog(deadline_rx, &signals) => AttemptOutcome::LeaseLost,
+                _ = super::lease::watchdog(&deadline, &signals) => AttemptOutcome::LeaseLost,
                 _ = signals.raised(Signals::INTERRUPT) => AttemptOutcome::Interrupted,
             }
         };
@@ -364,17 +363,14 @@ pub(crate) fn attempt_span(job: &crate::store::ClaimedJob) -> tracing::Span {
     span
 }
 
-/// The context of one claimed attempt.
+/// The context of one claimed attempt, whose kind's lease is `lease`.
 pub(crate) fn attempt_context(
     config: &super::Config,
     job: &crate::store::ClaimedJob,
+    lease: Duration,
     cancel: tokio_util::sync::CancellationToken,
-    deadline: std::sync::Arc<tokio::sync::watch::Sender<tokio::time::Instant>>,
+    deadline: std::sync::Arc<crate::context::Deadline>,
 ) -> JobContext {
-    let lease = config
-        .registry
-        .get(&job.kind)
-        .map_or(Duration::from_secs(60), JobHandler::lease);
     JobContext::from_parts(crate::context::ContextParts {
         id: crate::JobId(job.id),
         kind: job.kind.clone(),

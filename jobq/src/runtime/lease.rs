@@ -13,11 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
+use crate::context::Deadline;
 use crate::error::Error;
 use crate::store::{self, LeaseRenewal, LeaseStatus};
 
@@ -28,7 +29,7 @@ pub(crate) struct Running {
     pub(crate) fence: i64,
     pub(crate) lease: Duration,
     /// The local deadline (see `AttemptLease::deadline`).
-    pub(crate) deadline: Arc<watch::Sender<Instant>>,
+    pub(crate) deadline: Arc<Deadline>,
     /// The context's cancellation (cooperative).
     pub(crate) cancel: CancellationToken,
     pub(crate) signals: Arc<Signals>,
@@ -41,7 +42,7 @@ impl Running {
         Running {
             fence,
             lease: Duration::from_secs(60),
-            deadline: Arc::new(watch::channel(Instant::now() + Duration::from_secs(60)).0),
+            deadline: Arc::new(Deadline::new(Instant::now() + Duration::from_secs(60))),
             cancel: CancellationToken::new(),
             signals: Arc::default(),
         }
@@ -242,15 +243,7 @@ async fn beat(pool: &PgPool, running: &RunningSet) -> usize {
     for ((id, r), status) in attempts.iter().zip(statuses) {
         match status {
             LeaseStatus::Extended { cancel_requested } => {
-                let new = sent + r.lease;
-                r.deadline.send_if_modified(|d| {
-                    if new > *d {
-                        *d = new;
-                        true
-                    } else {
-                        false
-                    }
-                });
+                r.deadline.extend_to(sent + r.lease);
                 if cancel_requested && !r.cancel.is_cancelled() {
                     debug!(job.id = id, "cancel requested by an operator");
                     r.cancel.cancel();
@@ -282,21 +275,14 @@ async fn beat(pool: &PgPool, running: &RunningSet) -> usize {
 
 /// Resolves when the attempt must stop: its lease was reported lost, or its local
 /// deadline passed without a renewal.
-pub(crate) async fn watchdog(mut deadline: watch::Receiver<Instant>, signals: &Signals) {
+pub(crate) async fn watchdog(deadline: &Deadline, signals: &Signals) {
     loop {
-        let at = *deadline.borrow_and_update();
+        let at = deadline.get();
         tokio::select! {
             _ = signals.raised(Signals::LOST) => return,
             _ = tokio::time::sleep_until(at) => {
-                if *deadline.borrow() <= Instant::now() {
+                if deadline.get() <= Instant::now() {
                     warn!("lease deadline passed without a successful heartbeat; dropping the attempt before another worker can claim the job");
-                    return;
-                }
-            }
-            changed = deadline.changed() => {
-                if changed.is_err() {
-                    // The sender is gone: nobody can extend the lease any more.
-                    tokio::time::sleep_until(at).await;
                     return;
                 }
             }
@@ -333,6 +319,33 @@ mod tests {
             .await
             .expect("a raised signal is not seen");
         assert!(!signals.is_raised(Signals::LOST));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_watchdog_sleeps_past_an_extension_and_ignores_an_earlier_deadline() {
+        let start = Instant::now();
+        let deadline = Arc::new(Deadline::new(start + Duration::from_secs(10)));
+        tokio::spawn({
+            let deadline = deadline.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                deadline.extend_to(start + Duration::from_secs(30));
+                deadline.extend_to(start + Duration::from_secs(20));
+            }
+        });
+        watchdog(&deadline, &Signals::default()).await;
+        let fired = start.elapsed();
+        assert!(
+            fired >= Duration::from_secs(30) && fired < Duration::from_secs(31),
+            "fired after {fired:?}"
+        );
+        // A lost lease stops it at once, whatever the deadline.
+        let signals = Signals::default();
+        signals.raise(Signals::LOST);
+        let far = Deadline::new(Instant::now() + Duration::from_secs(3600));
+        let before = Instant::now();
+        watchdog(&far, &signals).await;
+        assert_eq!(before.elapsed(), Duration::ZERO);
     }
 
     #[test]

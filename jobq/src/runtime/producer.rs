@@ -363,7 +363,7 @@ impl Cursor {
         for (kind, after) in kinds.iter().zip(self.after.iter_mut()) {
             let last = jobs
                 .iter()
-                .filter(|j| &j.kind == kind)
+                .filter(|j| *j.kind == **kind)
                 .map(ClaimedJob::position)
                 .max();
             if last.is_some() {
@@ -483,8 +483,9 @@ async fn drain_one(
     };
     let span = attempt_span(&job);
     async {
-        let (deadline, _) = tokio::sync::watch::channel(Instant::now() + handler.lease());
-        let ctx = attempt_context(config, &job, CancellationToken::new(), Arc::new(deadline));
+        let lease = handler.lease();
+        let deadline = Arc::new(crate::context::Deadline::new(Instant::now() + lease));
+        let ctx = attempt_context(config, &job, lease, CancellationToken::new(), deadline);
         let payload = std::mem::take(&mut job.payload);
         let version = job.payload_version;
         let recorder = ctx.clone();
@@ -502,7 +503,7 @@ async fn drain_one(
         }
         Ok(DrainedAttempt {
             id: crate::JobId(job.id),
-            kind: job.kind.clone(),
+            kind: job.kind.to_string(),
             attempt: u32::try_from(job.attempt).unwrap_or(0),
             outcome,
             state,
@@ -581,8 +582,8 @@ mod tests {
             fence: 1,
             attempt: 1,
             max_attempts: 3,
-            kind: kind.to_owned(),
-            queue: "default".to_owned(),
+            kind: Arc::from(kind),
+            queue: Arc::from("default"),
             payload: "{}".to_owned(),
             priority,
             created_at: DateTime::UNIX_EPOCH,

@@ -1,5 +1,7 @@
 //! Statements on `jobq.jobs`: insert, claim, complete, fail, hand back.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
@@ -547,8 +549,10 @@ pub(crate) struct ClaimedJob {
     pub(crate) fence: i64,
     pub(crate) attempt: i32,
     pub(crate) max_attempts: i32,
-    pub(crate) kind: String,
-    pub(crate) queue: String,
+    /// Shared by every job of its claim with the same kind (and queue): the attempt's
+    /// context, span and metric labels clone it without allocating.
+    pub(crate) kind: Arc<str>,
+    pub(crate) queue: Arc<str>,
     /// The payload as the database prints it: decoded by the executor, one job at a
     /// time, so a row serde cannot parse fails alone.
     pub(crate) payload: String,
@@ -730,6 +734,16 @@ pub(crate) fn claimed_from_rows(
         at("trace_context")?,
     );
     let (wait_secs, run_after) = (at("wait_secs")?, at("run_after")?);
+    // A claim returns a few kinds and one queue: one allocation per distinct name.
+    let mut names: Vec<Arc<str>> = Vec::new();
+    let mut intern = |name: &str| -> Arc<str> {
+        if let Some(n) = names.iter().find(|n| &***n == name) {
+            return n.clone();
+        }
+        let n: Arc<str> = Arc::from(name);
+        names.push(n.clone());
+        n
+    };
     let mut jobs = Vec::with_capacity(rows.len());
     for row in rows {
         jobs.push(ClaimedJob {
@@ -737,8 +751,8 @@ pub(crate) fn claimed_from_rows(
             fence: row.try_get(fence)?,
             attempt: row.try_get(attempt)?,
             max_attempts: row.try_get(max_attempts)?,
-            kind: row.try_get(kind)?,
-            queue: row.try_get(queue)?,
+            kind: intern(row.try_get(kind)?),
+            queue: intern(row.try_get(queue)?),
             payload: row.try_get(payload)?,
             priority: row.try_get(priority)?,
             created_at: row.try_get(created_at)?,

@@ -121,7 +121,7 @@ async fn claim_reads_only_rows_it_takes() {
     let read = tuples_read(&mut conn).await - before;
     assert_eq!(jobs.len(), 10);
     // Priority order across kinds: the ten claimed are all of kind `a` (priority -1).
-    assert!(jobs.iter().all(|j| j.kind == "a" && j.priority == -1));
+    assert!(jobs.iter().all(|j| &*j.kind == "a" && j.priority == -1));
     // One probe per served kind reads at most `limit` rows each, plus the primary-key
     // lookups of the update: far below the 25,000 rows around them.
     assert!(read <= 100, "the claim read {read} tuples");
