@@ -406,17 +406,26 @@ pub(crate) async fn soak(
     } else {
         "soak"
     };
-    crate::progress(&format!(
-        "{what}: measuring the peak drain of the soak's runtime"
-    ));
     // Retention 30 s and a pruner pass every 5 s (`soak_runtime`): 40 s of warm-up.
     let (warmup, window) = if s.quick { (5, 5) } else { (40, 60) };
-    let peak = soak_peak(db, warmup, window).await?;
-    let offered = 0.7 * peak;
+    let (peak, offered) = match s.soak_rate {
+        Some(rate) => (None, rate),
+        None => {
+            crate::progress(&format!(
+                "{what}: measuring the peak drain of the soak's runtime"
+            ));
+            let peak = soak_peak(db, warmup, window).await?;
+            (Some(peak), 0.7 * peak)
+        }
+    };
     db.reset().await?;
     crate::progress(&format!(
-        "{what}: {} windows of {:?} at {offered:.0} jobs/s (70 % of {peak:.0})",
-        plan.samples, plan.period
+        "{what}: {} windows of {:?} at {offered:.0} jobs/s ({})",
+        plan.samples,
+        plan.period,
+        peak.map_or("given by --soak-rate".to_owned(), |p| format!(
+            "70 % of {p:.0}"
+        ))
     ));
     let log = Arc::new(SoakLog::default());
     let pool = db.new_pool(10).await?;
@@ -550,13 +559,21 @@ pub(crate) async fn soak(
     let errors = errors.load(Ordering::Relaxed) as f64 + failed as f64;
     let one = |v: f64| Samples(vec![v]);
     let max_mib = windows.iter().map(|m| m.table_mib).fold(0.0, f64::max);
-    r.ceiling(
-        &format!("{what}_peak"),
-        &format!(
-            "{what}: peak of the soak's own runtime, enqueue and drain at once (offered 70 % of it)"
+    match peak {
+        Some(peak) => r.ceiling(
+            &format!("{what}_peak"),
+            &format!(
+                "{what}: peak of the soak's own runtime, enqueue and drain at once (offered 70 % of it)"
+            ),
+            one(peak),
         ),
-        one(peak),
-    );
+        None => r.cost(
+            &format!("{what}: offered load, given by --soak-rate"),
+            one(offered),
+            "jobs/s",
+            vec![],
+        ),
+    }
     match plan.hold {
         None => soak_rows(r, &windows, errors),
         Some((from, len)) => {
