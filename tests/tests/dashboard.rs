@@ -68,8 +68,45 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Debian's Chromium and ChromeDriver, installed with apt-get the first time a test of
+/// this run finds them missing, so `cargo test --workspace` works on a fresh machine (as
+/// `.ci/run` does); a failed install fails the tests with what to do.
+fn ensure_chromium() {
+    static READY: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let present = || {
+        ["/usr/bin/chromium", "/usr/bin/chromedriver"]
+            .iter()
+            .all(|p| std::path::Path::new(p).exists())
+    };
+    let ready = READY.get_or_init(|| {
+        if present() {
+            return Ok(());
+        }
+        eprintln!("installing Debian's chromium and chromium-driver for the dashboard tests");
+        let status = Command::new("sh")
+            .args([
+                "-c",
+                "apt-get update -qq && apt-get install -y -qq chromium chromium-driver",
+            ])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .status();
+        match status {
+            Ok(s) if s.success() && present() => Ok(()),
+            Ok(s) => Err(format!("apt-get: {s}")),
+            Err(e) => Err(format!("could not run apt-get: {e}")),
+        }
+    });
+    if let Err(e) = ready {
+        panic!(
+            "the dashboard tests need Debian's chromium and chromium-driver, and installing them failed ({e}); run `apt-get install chromium chromium-driver` as root"
+        );
+    }
+}
+
 impl Browser {
     async fn start() -> Browser {
+        ensure_chromium();
         let port = free_port();
         let driver = Command::new("/usr/bin/chromedriver")
             .arg(format!("--port={port}"))
