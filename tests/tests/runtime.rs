@@ -755,6 +755,19 @@ async fn notifications_wake_workers_and_the_listener_reconnects() -> anyhow::Res
         .await?;
     assert!(wait_done(e.id).await);
     assert!(wait_done(quiet.id).await);
+
+    // Each form of the single insert wakes: with an idempotency key, with a run_after
+    // already past, with a zero delay (each after the trailing claims are over).
+    let forms = [
+        Sleeper::with(N { n: 1 }).idempotency_key("woken"),
+        Sleeper::with(N { n: 2 }).run_after(chrono::Utc::now() - chrono::Duration::seconds(1)),
+        Sleeper::with(N { n: 3 }).run_in(Duration::ZERO),
+    ];
+    for (i, form) in forms.into_iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let job = form.queue(queue.clone()).enqueue(pool).await?;
+        assert!(wait_done(job.id).await, "form {i} was not woken");
+    }
     handle.shutdown().await;
     db.close().await;
     Ok(())

@@ -27,7 +27,7 @@ macro_rules! keyed_insert_sql {
             RETURNING id
         )
         SELECT ins.id, false AS duplicate, "#,
-            wake_sql!("$9", "$10"),
+            wake_one_sql!("$9", "$10"),
             " AS woke, ",
             database_sql!(),
             r#" AS db
@@ -42,27 +42,52 @@ macro_rules! keyed_insert_sql {
 }
 
 /// The single insert of a job without an idempotency key, the common case: no conflict
-/// is possible, so a plain INSERT (the conflict handling and the lookup of an existing
-/// row cost about a tenth of single-enqueue throughput). `$event` as in
-/// [`keyed_insert_sql!`].
+/// is possible, so a plain `INSERT … VALUES … RETURNING`, without the CTE, sub-select
+/// and conflict handling of [`keyed_insert_sql!`] (each cost a one-row insert a tenth or
+/// so of its throughput). `due` leaves `run_after` and `state` to their defaults (now,
+/// `pending`) and numbers the wake-up `$6`, `$7`; `timed` computes them from `$6`, `$7`
+/// and numbers it `$8`, `$9`. `$event` is nothing, or `"WITH ev AS ("`, an outbox row,
+/// `") "`.
 macro_rules! unkeyed_insert_sql {
-    ($($event:tt)*) => {
+    (due; $($event:tt)*) => {
         concat!(
-            "WITH ", $($event)* r#"ins AS (
-            INSERT INTO jobq.jobs (kind, queue, payload, priority, max_attempts, run_after, state)
-            SELECT $1, $2, $3::text::jsonb, $4, $5, t.at, "#,
-            state_sql!("t.at"),
-            r#"
-            FROM (SELECT coalesce($6, now() + make_interval(secs => coalesce($7, 0))) AS at) t
-            RETURNING id
-        )
-        SELECT ins.id, "#,
-            wake_sql!("$8", "$9"),
+            $($event)* r#"INSERT INTO jobq.jobs (kind, queue, payload, priority, max_attempts)
+            VALUES ($1, $2, $3::text::jsonb, $4, $5)
+            RETURNING id, "#,
+            wake_one_sql!("$6", "$7"),
             " AS woke, ",
             database_sql!(),
-            r#" AS db
-        FROM ins
-        "#
+            " AS db"
+        )
+    };
+    (timed; $($event:tt)*) => {
+        concat!(
+            $($event)* r#"INSERT INTO jobq.jobs
+                (kind, queue, payload, priority, max_attempts, run_after, state)
+            VALUES ($1, $2, $3::text::jsonb, $4, $5, "#,
+            run_after_sql!("$6", "$7"),
+            ", ",
+            state_sql!(run_after_sql!("$6", "$7")),
+            r#")
+            RETURNING id, "#,
+            wake_one_sql!("$8", "$9"),
+            " AS woke, ",
+            database_sql!(),
+            " AS db"
+        )
+    };
+}
+
+/// A new job's `run_after` from its parameters: the time at `$at`, else now plus the
+/// seconds at `$delay` (NULL: none).
+macro_rules! run_after_sql {
+    ($at:literal, $delay:literal) => {
+        concat!(
+            "coalesce(",
+            $at,
+            "::timestamptz, now() + make_interval(secs => coalesce(",
+            $delay,
+            "::float8, 0)))"
         )
     };
 }
@@ -132,15 +157,28 @@ async fn job_insert_plain(
     event: Option<&NewEvent>,
 ) -> Result<(Enqueued, Db), Error> {
     if job.idempotency_key.is_none() {
-        let q = match event {
-            None => sqlx::query(unkeyed_insert_sql!()),
-            Some(_) => sqlx::query(unkeyed_insert_sql!(
-                "ev AS (",
-                outbox_row_sql!("$10", "$11", "$12", "$13", "$14", "$15", "$16"),
-                "), ",
-            )),
+        let q = if job.run_after.is_none() && job.delay_secs.is_none() {
+            let q = match event {
+                None => sqlx::query(unkeyed_insert_sql!(due;)),
+                Some(_) => sqlx::query(unkeyed_insert_sql!(due;
+                    "WITH ev AS (",
+                    outbox_row_sql!("$8", "$9", "$10", "$11", "$12", "$13", "$14"),
+                    ") ",
+                )),
+            };
+            bind_columns_due(q, job)
+        } else {
+            let q = match event {
+                None => sqlx::query(unkeyed_insert_sql!(timed;)),
+                Some(_) => sqlx::query(unkeyed_insert_sql!(timed;
+                    "WITH ev AS (",
+                    outbox_row_sql!("$10", "$11", "$12", "$13", "$14", "$15", "$16"),
+                    ") ",
+                )),
+            };
+            bind_job(q, job)
         };
-        let q = bind_job(q, job).bind(wake.queues).bind(wake.recent);
+        let q = q.bind(wake.queues.first()).bind(wake.recent);
         let row = NewEvent::bind_opt(event, q).fetch_one(&mut *conn).await?;
         let enqueued = Enqueued {
             id: JobId(row.try_get("id")?),
@@ -159,7 +197,7 @@ async fn job_insert_plain(
     };
     let q = bind_job(q, job)
         .bind(&job.idempotency_key)
-        .bind(wake.queues)
+        .bind(wake.queues.first())
         .bind(wake.recent);
     let row = NewEvent::bind_opt(event, q)
         .fetch_optional(&mut *conn)
@@ -248,15 +286,20 @@ impl<'a> Columns<'a> {
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 /// Binds a job's columns as `$1`–`$7` (kind, queue, payload, priority, max_attempts,
-/// run_after, delay in seconds), as both single-job inserts number them.
+/// run_after, delay in seconds), as the single-job inserts number them.
 fn bind_job<'q>(q: PgQuery<'q>, job: &'q NewJob) -> PgQuery<'q> {
+    bind_columns_due(q, job)
+        .bind(job.run_after)
+        .bind(job.delay_secs)
+}
+
+/// Binds `$1`–`$5` of [`bind_job`]: a job due at once needs no time columns.
+fn bind_columns_due<'q>(q: PgQuery<'q>, job: &'q NewJob) -> PgQuery<'q> {
     q.bind(&job.kind)
         .bind(&job.queue)
         .bind(&job.payload)
         .bind(job.priority)
         .bind(job.max_attempts)
-        .bind(job.run_after)
-        .bind(job.delay_secs)
 }
 
 /// Binds a batch's column arrays as `$1`–`$7`, in the order of [`bind_job`].
