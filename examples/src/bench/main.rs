@@ -587,61 +587,71 @@ pub(crate) async fn drain_filled(
     })
 }
 
+/// One concurrency's figures over the repetitions, with the ceiling run right before each
+/// of its drains.
+#[derive(Default, Clone)]
+struct DrainFigures {
+    rate: Samples,
+    commits: Samples,
+    wal: Samples,
+    dead: Samples,
+    rss: Samples,
+    cpu: Samples,
+    ceiling: Samples,
+    capped: bool,
+}
+
 /// The drain rows; returns the best concurrency.
 async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<usize> {
-    let mut best: Option<(usize, f64)> = None;
-    type Figures = (Samples, Samples, Samples, Samples, Samples, Samples, bool);
-    let mut figures: Vec<Figures> = vec![Default::default(); s.concurrencies.len()];
-    let mut paired = Samples::default();
+    let mut figures = vec![DrainFigures::default(); s.concurrencies.len()];
     let mut paired_cpu = Samples::default();
     for rep in 0..s.reps {
-        // The batched ceiling once per repetition, right before jobq's drains, so their
-        // ratio compares the two under the same load.
-        progress(&format!(
-            "drain, repetition {}: raw batched ceiling",
-            rep + 1
-        ));
-        db.reset().await?;
-        db.fill(s.jobs).await?;
-        // This process does nothing else meanwhile: its CPU time is the raw loop's.
-        let cpu = crate::util::cpu_time();
-        paired.push(raw::drain(db, 4, 100).await?);
-        let cpu = crate::util::cpu_time().saturating_sub(cpu);
-        paired_cpu.push(cpu.as_secs_f64() * 1e6 / s.jobs as f64);
         for (&c, f) in s.concurrencies.iter().zip(figures.iter_mut()) {
-            progress(&format!("drain, repetition {}: concurrency {c}", rep + 1));
+            // The batched ceiling right before each drain, so their ratio compares the
+            // two under the same load: run once per repetition, a minute and three
+            // drains before the last, it swung with the server's checkpoints.
+            progress(&format!(
+                "drain, repetition {}: raw batched ceiling, then concurrency {c}",
+                rep + 1
+            ));
+            db.reset().await?;
+            db.fill(s.jobs).await?;
+            // This process does nothing else meanwhile: its CPU time is the raw loop's.
+            let cpu = crate::util::cpu_time();
+            f.ceiling.push(raw::drain(db, 4, 100).await?);
+            let cpu = crate::util::cpu_time().saturating_sub(cpu);
+            paired_cpu.push(cpu.as_secs_f64() * 1e6 / s.jobs as f64);
             let run = drain_once(s, db, 1, c).await?;
-            f.0.push(run.rate);
-            f.1.push(run.commits_per_job);
-            f.2.push(run.wal_per_job);
-            f.3.push(run.dead_tuples);
-            f.4.push(run.rss_kib[0] as f64 / 1024.0);
-            f.5.push(run.cpu_us_per_job);
-            f.6 |= run.capped;
+            f.rate.push(run.rate);
+            f.commits.push(run.commits_per_job);
+            f.wal.push(run.wal_per_job);
+            f.dead.push(run.dead_tuples);
+            f.rss.push(run.rss_kib[0] as f64 / 1024.0);
+            f.cpu.push(run.cpu_us_per_job);
+            f.capped |= run.capped;
         }
     }
-    r.ceiling(
-        "claim100_paired",
-        "ceiling, paired: claim 100 + complete 100 (4 clients), run before each repetition's drains",
-        paired,
-    );
     r.cost(
         "  client process CPU per job, paired ceiling",
         paired_cpu,
         "µs",
         vec![],
     );
-    let mut rows = Vec::new();
-    for (&c, (rate, commits, wal, dead, rss, cpu, capped)) in s.concurrencies.iter().zip(figures) {
-        let m = rate.median();
-        if best.is_none_or(|(_, b)| m > b) {
-            best = Some((c, m));
-        }
-        rows.push((c, rate, commits, wal, dead, rss, cpu, capped));
-    }
-    for (c, rate, commits, wal, dead, rss, cpu, capped) in rows {
+    let best = s
+        .concurrencies
+        .iter()
+        .zip(&figures)
+        .map(|(&c, f)| (c, f.rate.median()))
+        .fold(None, |best: Option<(usize, f64)>, (c, m)| {
+            if best.is_none_or(|(_, b)| m > b) {
+                Some((c, m))
+            } else {
+                best
+            }
+        });
+    for (&c, f) in s.concurrencies.iter().zip(figures) {
         let is_best = best.is_some_and(|(b, _)| b == c);
-        let note = if capped {
+        let note = if f.capped {
             format!(" (stopped after {:?})", s.drain_cap)
         } else {
             String::new()
@@ -651,18 +661,26 @@ async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<usi
         } else {
             vec![]
         };
+        let ceiling = format!("claim100_paired_c{c}");
+        r.ceiling(
+            &ceiling,
+            &format!(
+                "ceiling, paired: claim 100 + complete 100 (4 clients), run right before each drain at c={c}"
+            ),
+            f.ceiling,
+        );
         r.jobq(
             &format!(
                 "drain: concurrency {c}{}{note}",
                 if is_best { " (best)" } else { "" }
             ),
-            rate,
-            Some("claim100_paired"),
+            f.rate,
+            Some(&ceiling),
             targets,
         );
         r.cost(
             &format!("  commits per job, c={c}"),
-            commits,
+            f.commits,
             "",
             if is_best {
                 vec![Target::at_most(0.1, "")]
@@ -672,21 +690,21 @@ async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<usi
         );
         r.cost(
             &format!("  WAL bytes per job, c={c} (cluster-wide)"),
-            wal,
+            f.wal,
             "B",
             vec![],
         );
-        r.cost(&format!("  dead tuples left, c={c}"), dead, "", vec![]);
+        r.cost(&format!("  dead tuples left, c={c}"), f.dead, "", vec![]);
         r.cost(
             &format!("  worker process CPU per job, c={c}"),
-            cpu,
+            f.cpu,
             "µs",
             vec![],
         );
         if c == 256 {
             r.cost(
                 "memory: peak RSS of a worker process draining at concurrency 256",
-                rss,
+                f.rss,
                 "MiB",
                 vec![Target::at_most(64.0, "MiB")],
             );
