@@ -209,8 +209,9 @@ async fn sleep_until_some(at: Option<Instant>) {
 const MAX_CLAIMS: usize = 2;
 
 /// Claims overlap only where each would claim at least this many jobs: a small
-/// producer's claims are cheap, and splitting them only makes more statements.
-const MIN_OVERLAP: usize = 32;
+/// producer's claims are cheap, and splitting them only makes more statements, which
+/// in several processes sharing a queue also scan past each other's locked rows.
+const MIN_OVERLAP: usize = 64;
 
 /// The shortest wait for jobs a limit held back, so tokens are claimed a few at a time
 /// (a bucket smaller than its rate's 10 ms worth runs a little below its rate).
