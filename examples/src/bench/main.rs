@@ -637,20 +637,16 @@ async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<usi
         "µs",
         vec![],
     );
+    // The fastest by median; the first of equals.
     let best = s
         .concurrencies
         .iter()
         .zip(&figures)
         .map(|(&c, f)| (c, f.rate.median()))
-        .fold(None, |best: Option<(usize, f64)>, (c, m)| {
-            if best.is_none_or(|(_, b)| m > b) {
-                Some((c, m))
-            } else {
-                best
-            }
-        });
+        .reduce(|a, b| if b.1 > a.1 { b } else { a })
+        .map(|(c, _)| c);
     for (&c, f) in s.concurrencies.iter().zip(figures) {
-        let is_best = best.is_some_and(|(b, _)| b == c);
+        let is_best = best == Some(c);
         let note = if f.capped {
             format!(" (stopped after {:?})", s.drain_cap)
         } else {
@@ -710,7 +706,7 @@ async fn drain(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<usi
             );
         }
     }
-    Ok(best.map_or(64, |(c, _)| c))
+    Ok(best.unwrap_or(64))
 }
 
 async fn latency(s: &Settings, db: &BenchDb, r: &mut Report) -> anyhow::Result<()> {
