@@ -233,7 +233,9 @@ async fn sections(s: &Settings, db: &BenchDb, started: Instant) -> anyhow::Resul
     if s.wants("enqueue") {
         enqueue(s, db, &mut report).await?;
     }
-    let mut best = 64;
+    // Without the drain section, the rows run at its best concurrency use the largest of
+    // `--concurrency` (the default's largest, 256, is the full run's usual best).
+    let mut best = s.concurrencies.iter().copied().max().unwrap_or(64);
     if s.wants("drain") {
         best = drain(s, db, &mut report).await?;
     }

@@ -179,6 +179,7 @@ pub(crate) async fn dirty(
             sqlx::query("VACUUM ANALYZE jobq.jobs")
                 .execute(&db.pool)
                 .await?;
+            db.checkpoint().await?;
             let ms = claim_mean_ms(db, if s.quick { 20 } else { 200 }).await?;
             let (upd0, hot0) = update_counts(db).await?;
             let run = crate::drain_filled(s, db, 1, concurrency).await;

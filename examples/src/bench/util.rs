@@ -148,6 +148,22 @@ impl BenchDb {
         .execute(&self.pool)
         .await?;
         sqlx::query("ANALYZE jobq.jobs").execute(&self.pool).await?;
+        self.checkpoint().await
+    }
+
+    /// Starts the next measurement on a fresh checkpoint cycle. A checkpoint begins every
+    /// ~0.5 GB of WAL (the default `max_wal_size`), and one that starts during a
+    /// measurement makes every page it then touches first write a full-page image; the
+    /// fills (a gigabyte of WAL for the dirty table's) put that start at a random point
+    /// of one run and not of the other it is paired with. A role that may not
+    /// `CHECKPOINT` is told once and measured without.
+    pub(crate) async fn checkpoint(&self) -> anyhow::Result<()> {
+        static REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if let Err(e) = sqlx::query("CHECKPOINT").execute(&self.pool).await
+            && !REFUSED.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            crate::progress(&format!("CHECKPOINT refused ({e}): runs start mid-cycle"));
+        }
         Ok(())
     }
 
