@@ -3,7 +3,8 @@
 
 use std::time::Instant;
 
-use sqlx::{Connection, PgConnection};
+use sqlx::postgres::PgPoolCopyExt;
+use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::util::{BenchDb, KIND};
 
@@ -55,37 +56,45 @@ pub(crate) async fn insert_one_on<'e>(
     Ok(())
 }
 
-/// Batches of `batch` rows, one `INSERT … SELECT FROM unnest(…)` each, from one client.
-pub(crate) async fn insert_batches(db: &BenchDb, n: usize, batch: usize) -> anyhow::Result<f64> {
-    let mut conn = db.connect().await?;
+/// Where a bulk ceiling runs: a held connection, or a pool (which checks a connection
+/// out and back in around each batch, as `enqueue_many(&pool, …)` does).
+pub(crate) enum On<'a> {
+    Conn(&'a mut PgConnection),
+    Pool(&'a PgPool),
+}
+
+/// Batches of `batch` rows, one `INSERT … SELECT FROM unnest(…)` each.
+pub(crate) async fn insert_batches(on: On<'_>, n: usize, batch: usize) -> anyhow::Result<f64> {
     let kinds = vec![KIND.to_owned(); batch];
     let queues = vec!["default".to_owned(); batch];
     let start = Instant::now();
     let mut done = 0;
+    let mut on = on;
     while done < n {
         let payloads: Vec<String> = (done..done + batch).map(|i| i.to_string()).collect();
-        sqlx::query(
+        let insert = sqlx::query(
             "INSERT INTO jobq.jobs (kind, queue, payload)
              SELECT k, q, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) AS t(k, q, p)",
         )
         .bind(&kinds)
         .bind(&queues)
-        .bind(&payloads)
-        .execute(&mut conn)
-        .await?;
+        .bind(&payloads);
+        match &mut on {
+            On::Conn(conn) => insert.execute(&mut **conn).await?,
+            On::Pool(pool) => insert.execute(*pool).await?,
+        };
         done += batch;
     }
-    let rate = done as f64 / start.elapsed().as_secs_f64();
-    conn.close().await?;
-    Ok(rate)
+    Ok(done as f64 / start.elapsed().as_secs_f64())
 }
 
-/// Batches of `batch` rows, one `COPY jobq.jobs FROM STDIN` (text format) each, from one
-/// client: the other bulk path a driver offers, beside the UNNEST insert.
-pub(crate) async fn copy_batches(db: &BenchDb, n: usize, batch: usize) -> anyhow::Result<f64> {
-    let mut conn = db.connect().await?;
+/// Batches of `batch` rows, one `COPY jobq.jobs FROM STDIN` (text format) each: the
+/// other bulk path a driver offers, beside the UNNEST insert.
+pub(crate) async fn copy_batches(on: On<'_>, n: usize, batch: usize) -> anyhow::Result<f64> {
+    const COPY: &str = "COPY jobq.jobs (kind, queue, payload) FROM STDIN";
     let start = Instant::now();
     let mut done = 0;
+    let mut on = on;
     while done < n {
         let mut data = String::with_capacity(batch * 24);
         for i in done..done + batch {
@@ -94,16 +103,21 @@ pub(crate) async fn copy_batches(db: &BenchDb, n: usize, batch: usize) -> anyhow
             data.push_str(&i.to_string());
             data.push('\n');
         }
-        let mut copy = conn
-            .copy_in_raw("COPY jobq.jobs (kind, queue, payload) FROM STDIN")
-            .await?;
-        copy.send(data.into_bytes()).await?;
-        copy.finish().await?;
+        match &mut on {
+            On::Conn(conn) => {
+                let mut copy = conn.copy_in_raw(COPY).await?;
+                copy.send(data.into_bytes()).await?;
+                copy.finish().await?;
+            }
+            On::Pool(pool) => {
+                let mut copy = pool.copy_in_raw(COPY).await?;
+                copy.send(data.into_bytes()).await?;
+                copy.finish().await?;
+            }
+        }
         done += batch;
     }
-    let rate = done as f64 / start.elapsed().as_secs_f64();
-    conn.close().await?;
-    Ok(rate)
+    Ok(done as f64 / start.elapsed().as_secs_f64())
 }
 
 /// Drains the pre-filled table with `clients` connections, each claiming `batch` jobs
