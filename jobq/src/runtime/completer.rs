@@ -20,6 +20,7 @@ use crate::error::{Disposition, Error};
 use crate::store::{self, FailParams, FenceResult};
 
 use super::lease::RunningSet;
+use super::producer::Rewinds;
 
 /// The most outcomes one flush writes.
 const MAX_BATCH: usize = 1000;
@@ -217,9 +218,10 @@ impl Completer {
         pool: PgPool,
         max_backlog: usize,
         running: RunningSet,
+        rewinds: Arc<Rewinds>,
     ) -> (Completer, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(pool, rx));
+        let task = tokio::spawn(run(pool, rx, rewinds));
         let completer = Completer {
             tx,
             backlog: Arc::new(AtomicUsize::new(0)),
@@ -288,7 +290,7 @@ const OVERLAP_MIN: usize = 32;
 /// average, during which its attempt held its slot. Flushes overlap once enough outcomes
 /// wait (PostgreSQL commits them together), and whatever queues while they run goes in
 /// the next one. Returns when every sender is gone and every flush has finished.
-async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
+async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>, rewinds: Arc<Rewinds>) {
     let mut batch: Vec<Request> = Vec::with_capacity(64);
     let mut flushes = JoinSet::new();
     let mut open = true;
@@ -303,9 +305,9 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
         if !batch.is_empty()
             && (flushes.is_empty() || (room && (batch.len() >= OVERLAP_MIN || !open)))
         {
-            let pool = pool.clone();
+            let (pool, rewinds) = (pool.clone(), rewinds.clone());
             let batch = std::mem::take(&mut batch);
-            flushes.spawn(async move { flush(&pool, batch).await });
+            flushes.spawn(async move { flush(&pool, batch, &rewinds).await });
             continue;
         }
         if !open && batch.is_empty() && flushes.is_empty() {
@@ -325,7 +327,7 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Request>) {
     }
 }
 
-async fn flush(pool: &PgPool, mut batch: Vec<Request>) {
+async fn flush(pool: &PgPool, mut batch: Vec<Request>, rewinds: &Rewinds) {
     let (completes, others): (Vec<Request>, Vec<Request>) = batch
         .drain(..)
         .partition(|r| matches!(r.write, Write::Complete { .. }));
@@ -354,14 +356,24 @@ async fn flush(pool: &PgPool, mut batch: Vec<Request>) {
                     req.settled(Some(&written));
                 }
                 // The next jobs of the completed ordered jobs' keys, once their attempts
-                // have their acks: a settle that fails is left to the sweeper.
+                // have their acks: a settle that fails is left to the sweeper. This
+                // runtime's producers claim from where the freed jobs now are.
                 if !ordered.is_empty() {
                     let settled = async {
                         let mut conn = pool.acquire().await?;
-                        store::ordering_settle(&mut conn, &ordered).await
+                        store::ordering_settle_freed(
+                            &mut conn,
+                            &ordered,
+                            store::SETTLE_PATIENCE,
+                            None,
+                        )
+                        .await
                     };
-                    if let Err(e) = settled.await {
-                        warn!(error = %e, jobs = ordered.len(), "releasing the next jobs of ordering keys failed; the sweeper will");
+                    match settled.await {
+                        Ok(freed) => rewinds.note(&freed),
+                        Err(e) => {
+                            warn!(error = %e, jobs = ordered.len(), "releasing the next jobs of ordering keys failed; the sweeper will");
+                        }
                     }
                 }
             }

@@ -522,8 +522,13 @@ impl Runtime {
         let stop_services = CancellationToken::new();
         let running = RunningSet::default();
         let max_backlog = config.queues.values().sum::<usize>().max(1) * BACKLOG_ROUNDS;
-        let (completer, completer_task) =
-            Completer::spawn(config.own.clone(), max_backlog, running.clone());
+        let rewinds = Arc::new(producer::Rewinds::default());
+        let (completer, completer_task) = Completer::spawn(
+            config.own.clone(),
+            max_backlog,
+            running.clone(),
+            rewinds.clone(),
+        );
         let wakers = Arc::new(Wakers::new(config.queues.keys().map(String::as_str)));
         let attempts = TaskTracker::new();
         let mut services = Vec::new();
@@ -539,6 +544,7 @@ impl Runtime {
                 running: running.clone(),
                 completer: completer.clone(),
                 attempts: attempts.clone(),
+                rewinds: rewinds.clone(),
             };
             producers.push(tokio::spawn(p.run(stop_claiming.clone())));
         }

@@ -4,6 +4,7 @@
 //! queue is busy, two claims may be in flight at once (see [`MAX_CLAIMS`]).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -39,6 +40,8 @@ pub(crate) struct Producer {
     pub(crate) running: RunningSet,
     pub(crate) completer: Completer,
     pub(crate) attempts: TaskTracker,
+    /// Where this runtime's completer freed jobs (see [`Rewinds`]).
+    pub(crate) rewinds: Arc<Rewinds>,
 }
 
 impl Producer {
@@ -100,6 +103,7 @@ impl Producer {
                 };
                 let taken: Vec<_> = permits.drain(..want).collect();
                 gathered_by = None;
+                cursor.rewind(&self.config.kinds, self.rewinds.take(&self.queue));
                 let start = cursor.start(now);
                 let (config, queue) = (&self.config, self.queue.as_str());
                 claims.push(async move {
@@ -351,6 +355,26 @@ impl Cursor {
         self.from_positions.then(|| self.full.due_in(now))
     }
 
+    /// Moves each kind's position back to just before `to`'s place for it where it is
+    /// past that place (see [`Rewinds`]). A kind without a position claims from its
+    /// start anyway.
+    pub(crate) fn rewind(&mut self, kinds: &[String], to: Vec<(String, ClaimPosition)>) {
+        for (kind, at) in to {
+            let Some(i) = kinds.iter().position(|k| *k == kind) else {
+                continue;
+            };
+            if let Some(after) = &mut self.after[i]
+                && *after >= at
+            {
+                // Claims start strictly after a position; ids are unique.
+                *after = ClaimPosition {
+                    id: at.id - 1,
+                    ..at
+                };
+            }
+        }
+    }
+
     /// Records a claim that ran as `ran` says, and the jobs it claimed. A kind's position
     /// moves to its last job claimed: forward after a claim from a position, anywhere
     /// after a full one (which read the kind from its start). A kind that claimed nothing
@@ -371,6 +395,51 @@ impl Cursor {
                 *after = if full { last } else { (*after).max(last) };
             }
         }
+    }
+}
+
+/// Places in claim order where this runtime's completer just made jobs claimable (the
+/// next jobs of ordering keys), the earliest per queue and kind, for the producers to
+/// rewind their [`Cursor`]s to.
+///
+/// A freed job takes its place among the jobs due at its release, but its release
+/// commits a moment later, and releases of concurrent flushes commit in any order: a
+/// claim from positions in between passes its place, and it then waited for the next
+/// full claim. Releases by other processes are not seen here; those jobs wait for a full
+/// claim as before.
+#[derive(Debug, Default)]
+pub(crate) struct Rewinds(std::sync::Mutex<HashMap<(String, String), ClaimPosition>>);
+
+impl Rewinds {
+    /// Notes the claimable jobs among `freed`.
+    pub(crate) fn note(&self, freed: &[crate::store::Freed]) {
+        let Ok(mut at) = self.0.lock() else {
+            return;
+        };
+        for f in freed.iter().filter(|f| f.pending) {
+            at.entry((f.queue.clone(), f.kind.clone()))
+                .and_modify(|p| *p = (*p).min(f.position))
+                .or_insert(f.position);
+        }
+    }
+
+    /// Takes what was noted for `queue`: per kind, the earliest place.
+    fn take(&self, queue: &str) -> Vec<(String, ClaimPosition)> {
+        let Ok(mut at) = self.0.lock() else {
+            return Vec::new();
+        };
+        if at.is_empty() {
+            return Vec::new();
+        }
+        let mut taken = Vec::new();
+        at.retain(|(q, kind), p| {
+            let mine = q == queue;
+            if mine {
+                taken.push((kind.clone(), *p));
+            }
+            !mine
+        });
+        taken
     }
 }
 
@@ -597,6 +666,53 @@ mod tests {
 
     fn ran(full: bool, at: Instant, took: Duration) -> Ran {
         Ran { full, at, took }
+    }
+
+    fn freed(queue: &str, kind: &str, pending: bool, id: i64) -> crate::store::Freed {
+        crate::store::Freed {
+            queue: queue.to_owned(),
+            kind: kind.to_owned(),
+            pending,
+            position: job(kind, 0, id).position(),
+        }
+    }
+
+    #[test]
+    fn a_cursor_rewinds_to_jobs_freed_behind_it_and_never_forward() {
+        let kinds = ["a".to_owned(), "b".to_owned()];
+        let t0 = Instant::now();
+        let mut cursor = Cursor::new(2);
+        // A slow full claim: claims start from positions (a after 9, b after 3).
+        cursor.record(
+            ran(true, t0, Duration::from_millis(10)),
+            &kinds,
+            &[job("a", 0, 9), job("b", 0, 3)],
+        );
+        let rewinds = Rewinds::default();
+        rewinds.note(&[
+            freed("default", "a", true, 7),
+            freed("default", "a", true, 5),
+            // Scheduled, not claimable: no rewind.
+            freed("default", "a", false, 2),
+            // Ahead of b's position already.
+            freed("default", "b", true, 10),
+            freed("other", "a", true, 1),
+        ]);
+        cursor.rewind(&kinds, rewinds.take("default"));
+        let at = cursor
+            .start(t0 + Duration::from_millis(20))
+            .expect("from positions");
+        // Just before the earliest freed job of `a`: the next claim finds it.
+        assert_eq!(at[0].map(|p| p.id), Some(4));
+        assert_eq!(at[1].map(|p| p.id), Some(3));
+        assert!(rewinds.take("default").is_empty(), "taken once");
+        let other = rewinds.take("other");
+        assert_eq!(other.len(), 1);
+        assert_eq!((other[0].0.as_str(), other[0].1.id), ("a", 1));
+        // A kind without a position stays without (it claims from its start).
+        let mut fresh = Cursor::new(2);
+        fresh.rewind(&kinds, vec![("a".to_owned(), job("a", 0, 1).position())]);
+        assert_eq!(fresh.after, vec![None, None]);
     }
 
     #[test]

@@ -123,7 +123,7 @@ async fn ordering_try_lock_again(
 
 /// How long a settle waits for the locks of keys an open enqueue holds before it leaves
 /// them to the sweeper: a completion never stalls behind a long transaction.
-const SETTLE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const SETTLE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Writes the ordering key of new jobs `ids` and chains each behind its predecessor:
 /// `prevs[i]` (the job of the same key before it in the same enqueue) or else the key's
@@ -229,8 +229,31 @@ pub(crate) async fn ordering_settle_within(
     patience: std::time::Duration,
     now: Option<DateTime<Utc>>,
 ) -> Result<u64, Error> {
+    let freed = ordering_settle_freed(conn, ids, patience, now).await?;
+    Ok(u64::try_from(freed.len()).unwrap_or(u64::MAX))
+}
+
+/// A job a settle made claimable (or due to, when scheduled), and its place in claim
+/// order: the runtime whose completer settled it rewinds its claims to it (see
+/// `runtime::producer::Rewinds`).
+#[derive(Debug, Clone)]
+pub(crate) struct Freed {
+    pub(crate) queue: String,
+    pub(crate) kind: String,
+    /// `pending` (claimable now) rather than `scheduled`.
+    pub(crate) pending: bool,
+    pub(crate) position: super::ClaimPosition,
+}
+
+/// [`ordering_settle_within`], returning the jobs it freed.
+pub(crate) async fn ordering_settle_freed(
+    conn: &mut PgConnection,
+    ids: &[i64],
+    patience: std::time::Duration,
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<Freed>, Error> {
     if ids.is_empty() {
-        return Ok(0);
+        return Ok(Vec::new());
     }
     let mut tx = conn.begin().await?;
     // Never waiting for a lock while holding others: no deadlock with an enqueue that
@@ -249,7 +272,7 @@ pub(crate) async fn ordering_settle_within(
             "ordering keys held by open transactions; the sweeper settles them"
         );
     }
-    let released: i64 = sqlx::query_scalar(concat!(
+    let freed: Vec<(String, String, String, i16, DateTime<Utc>, i64)> = sqlx::query_as(concat!(
         r#"
         WITH moved AS (
             UPDATE jobq.jobs s SET blocked_by = "#,
@@ -266,26 +289,40 @@ pub(crate) async fn ordering_settle_within(
               AND "#,
         member_sql!("s"),
         r#"
-            RETURNING s.queue, s.state, s.blocked_by
+            RETURNING s.queue, s.kind, s.state, s.blocked_by, s.priority, s.run_after, s.id
         ),
         wake AS (
             SELECT pg_notify($2, q.queue)
             FROM (SELECT DISTINCT queue FROM moved
                   WHERE blocked_by IS NULL AND state = 'pending') q
         )
-        SELECT count(*) FILTER (WHERE blocked_by IS NULL AND state IN ('pending', 'scheduled'))
-               + 0 * (SELECT count(*) FROM wake)
-        FROM moved
+        -- Every queue woken is a freed job's, so the wake-ups are sent whenever a row
+        -- is returned (the one-row join reads all of `wake`).
+        SELECT m.queue, m.kind, m.state, m.priority, m.run_after, m.id
+        FROM moved m, (SELECT count(*) FROM wake) w
+        WHERE m.blocked_by IS NULL AND m.state IN ('pending', 'scheduled')
         "#
     ))
     .bind(ids)
     .bind(NOTIFY_CHANNEL)
     .bind(&missing)
     .bind(now)
-    .fetch_one(&mut *tx)
+    .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(u64::try_from(released).unwrap_or(0))
+    Ok(freed
+        .into_iter()
+        .map(|(queue, kind, state, priority, run_after, id)| Freed {
+            queue,
+            kind,
+            pending: state == "pending",
+            position: super::ClaimPosition {
+                priority,
+                run_after,
+                id,
+            },
+        })
+        .collect())
 }
 
 /// The jobs up to `limit` waiting jobs wait behind that are no chain members any more

@@ -514,3 +514,47 @@ async fn a_released_job_is_found_by_a_claim_from_the_last_position() {
     drop(conn);
     db.close().await;
 }
+
+#[tokio::test]
+async fn a_settle_returns_the_jobs_it_freed_at_their_places_in_claim_order() {
+    let db = jobq_testing::TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    let a1 = enqueue(&mut conn, job("k", None, Some("A"))).await;
+    let a2 = enqueue(&mut conn, job("k", None, Some("A"))).await;
+    let _a3 = enqueue(&mut conn, job("k", None, Some("A"))).await;
+    let c = claim(&mut conn, &["k"]).await;
+    assert_eq!(ids(&c), vec![a1]);
+    let (results, ordered) = job_complete_unsettled(&mut conn, &[c[0]], &[None], None)
+        .await
+        .unwrap();
+    assert_eq!(results, vec![FenceResult::Applied]);
+    assert_eq!(ordered, vec![a1]);
+    let before: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let freed = ordering_settle_freed(&mut conn, &ordered, SETTLE_PATIENCE, None)
+        .await
+        .unwrap();
+    assert_eq!(freed.len(), 1, "{freed:?}");
+    let f = &freed[0];
+    assert_eq!(
+        (f.queue.as_str(), f.kind.as_str(), f.pending),
+        ("default", "k", true)
+    );
+    assert_eq!((f.position.priority, f.position.id), (0, a2));
+    // Its place is among the jobs due at its release, not at its enqueue.
+    assert!(f.position.run_after >= before, "{f:?} {before}");
+    let row: DateTime<Utc> = sqlx::query_scalar("SELECT run_after FROM jobq.jobs WHERE id = $1")
+        .bind(a2)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(row, f.position.run_after);
+    // Settled again: nothing more is freed (a3 still waits behind a2).
+    let again = ordering_settle_freed(&mut conn, &ordered, SETTLE_PATIENCE, None)
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "{again:?}");
+    assert_eq!(ids(&claim(&mut conn, &["k"]).await), vec![a2]);
+}
