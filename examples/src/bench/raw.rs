@@ -64,12 +64,11 @@ pub(crate) enum On<'a> {
 }
 
 /// Batches of `batch` rows, one `INSERT … SELECT FROM unnest(…)` each.
-pub(crate) async fn insert_batches(on: On<'_>, n: usize, batch: usize) -> anyhow::Result<f64> {
+pub(crate) async fn insert_batches(mut on: On<'_>, n: usize, batch: usize) -> anyhow::Result<f64> {
     let kinds = vec![KIND.to_owned(); batch];
     let queues = vec!["default".to_owned(); batch];
     let start = Instant::now();
     let mut done = 0;
-    let mut on = on;
     while done < n {
         let payloads: Vec<String> = (done..done + batch).map(|i| i.to_string()).collect();
         let insert = sqlx::query(
@@ -90,11 +89,10 @@ pub(crate) async fn insert_batches(on: On<'_>, n: usize, batch: usize) -> anyhow
 
 /// Batches of `batch` rows, one `COPY jobq.jobs FROM STDIN` (text format) each: the
 /// other bulk path a driver offers, beside the UNNEST insert.
-pub(crate) async fn copy_batches(on: On<'_>, n: usize, batch: usize) -> anyhow::Result<f64> {
+pub(crate) async fn copy_batches(mut on: On<'_>, n: usize, batch: usize) -> anyhow::Result<f64> {
     const COPY: &str = "COPY jobq.jobs (kind, queue, payload) FROM STDIN";
     let start = Instant::now();
     let mut done = 0;
-    let mut on = on;
     while done < n {
         let mut data = String::with_capacity(batch * 24);
         for i in done..done + batch {
