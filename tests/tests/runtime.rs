@@ -1592,6 +1592,74 @@ impl Job for QuickShortLease {
     }
 }
 
+/// A tracing layer that panics, once, when an attempt records its outcome on its
+/// `jobq.job` span: after the handler returned, in the attempt's own task, before the
+/// completer has the outcome.
+struct PanicOnOutcome(Arc<AtomicBool>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnOutcome {
+    fn on_record(
+        &self,
+        _span: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Outcome(bool);
+        impl tracing::field::Visit for Outcome {
+            fn record_debug(&mut self, field: &tracing::field::Field, _: &dyn std::fmt::Debug) {
+                self.0 |= field.name() == "job.outcome";
+            }
+        }
+        let mut outcome = Outcome(false);
+        values.record(&mut outcome);
+        if outcome.0 && !self.0.swap(true, Ordering::SeqCst) {
+            panic!("a tracing layer panicked");
+        }
+    }
+}
+
+/// An attempt's task that panics outside its handler (here in a tracing layer, as the
+/// attempt records its outcome) does not hold its job for good: the attempt leaves the
+/// running set, its lease lapses, the reaper returns the job and it runs again. (Left in
+/// the set, the heartbeat extended its lease for as long as the process lived.)
+#[tokio::test]
+async fn an_attempt_that_panics_outside_its_handler_does_not_hold_its_job() -> anyhow::Result<()> {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let db = TestDatabase::new().await?;
+    let pool = db.pool();
+    let panicked = Arc::new(AtomicBool::new(false));
+    // This test's runtime is the current thread's: every task of it sees this layer.
+    let _layer = tracing::subscriber::set_default(
+        tracing_subscriber::registry().with(PanicOnOutcome(panicked.clone())),
+    );
+    let handle = Runtime::builder(pool.clone())
+        .auto_register(false)
+        .register::<QuickShortLease>()
+        .queue("default", 2)
+        .reaper(Some(jobq::maintenance::ReaperConfig {
+            interval: Duration::from_millis(100),
+            batch: 1000,
+        }))
+        .build()?
+        .start()
+        .await?;
+    let job = QuickShortLease::enqueue(pool, N { n: 1 }).await?;
+    assert!(
+        tests::reaches_state(pool, job.id, "done", Duration::from_secs(30)).await,
+        "the job is held by the attempt whose task panicked"
+    );
+    assert!(panicked.load(Ordering::SeqCst), "nothing panicked");
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM jobq.jobs WHERE id = $1")
+        .bind(job.id.0)
+        .fetch_one(pool)
+        .await?;
+    assert_eq!(attempts, 2, "the attempt after the panic did not run it");
+    handle.shutdown().await;
+    db.close().await;
+    Ok(())
+}
+
 /// An attempt ends when its handler returns, before its outcome is written: until the
 /// completer has written it, the heartbeat keeps the job's lease, and a graceful shutdown
 /// waits for that write before it stops the heartbeat.
