@@ -285,11 +285,9 @@ async fn sigkill_mid_handler() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_past_the_lease_then_sigcont() -> anyhow::Result<()> {
     let mut h = Harness::new(1).await?;
-    // Worker A takes the job and works on it for 6 s before its effect: the pause must
-    // come before A's effect transaction, whose fence check locks the job row (paused
-    // holding it, A would keep B's reaper from rescuing the job until it wakes).
+    // Worker A takes the job and works on it for 1.5 s before its effect.
     let a = h.spawn(&[
-        ("CHAOS_HANDLER_MS", "6000".into()),
+        ("CHAOS_HANDLER_MS", "1500".into()),
         ("CHAOS_CONCURRENCY", "1".into()),
     ]);
     let pool = h.pool().clone();
