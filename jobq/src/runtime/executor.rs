@@ -271,10 +271,6 @@ async fn attempt(
                 signals: signals.clone(),
             },
         );
-        let mut unsettled = Unsettled {
-            running: &env.running,
-            at: Some((job.id, job.fence)),
-        };
         let ctx = attempt_context(&env.config, &job, lease, cancel.clone(), deadline.clone());
         let stop = async {
             tokio::select! {
@@ -321,7 +317,7 @@ async fn attempt(
         };
         tracing::Span::current().record("job.outcome", outcome.label());
         let Some(write) = outcome_write(&handler, &job, &outcome, output) else {
-            // Dropping `unsettled` takes it out of the running set.
+            env.running.remove(job.id, job.fence);
             return;
         };
         // Handed back by the shutdown (an operator's cancel of a job waiting for its slot
@@ -331,8 +327,6 @@ async fn attempt(
             && env.stopping.is_cancelled();
         signals.raise(Signals::SETTLED);
         let settle = settle(job, claim_sent, interrupted);
-        // From here the completer takes the attempt out of the running set.
-        unsettled.at = None;
         if env.completer.has_room() && !interrupted {
             drop(slot.take());
             drop(held.take());
@@ -343,31 +337,6 @@ async fn attempt(
     }
     .instrument(span)
     .await;
-}
-
-/// Takes an attempt out of the running set unless it reached the completer: its task
-/// panicking outside the handler (in a metrics recorder, a tracing layer, jobq itself) or
-/// being dropped would otherwise leave it there, its lease extended by every heartbeat and
-/// the job `running` for as long as the process lives. Out of the set, the lease lapses
-/// and the reaper returns the job, as after a crash.
-struct Unsettled<'a> {
-    running: &'a super::lease::RunningSet,
-    /// The attempt's `(id, fence)`; `None` once the completer has it.
-    at: Option<(i64, i64)>,
-}
-
-impl Drop for Unsettled<'_> {
-    fn drop(&mut self) {
-        if let Some((id, fence)) = self.at {
-            if std::thread::panicking() {
-                tracing::error!(
-                    job.id = id,
-                    "an attempt's task panicked outside its handler; the job returns when its lease lapses"
-                );
-            }
-            self.running.remove(id, fence);
-        }
-    }
 }
 
 /// What the completer does for an attempt of `job` once its outcome is written.
