@@ -164,14 +164,15 @@ pub async fn run_attempt_versioned<J: Job>(
     recorded(&recorder, outcome).0
 }
 
-/// Everything the attempts of one producer's queue share: built once per producer, so
-/// starting an attempt clones one `Arc`, not each of these.
+/// Everything one attempt in the running runtime needs besides its job.
 pub(crate) struct AttemptEnv {
     pub(crate) config: std::sync::Arc<super::Config>,
     pub(crate) running: super::lease::RunningSet,
     pub(crate) completer: super::completer::Completer,
     /// The queue's handler slots; a job claimed ahead waits here for one.
     pub(crate) slots: std::sync::Arc<tokio::sync::Semaphore>,
+    /// The job's place in the line for those slots.
+    pub(crate) turn: SlotTurn,
     /// Handlers of the queue that have returned so far (the producer's measure of how
     /// fast slots free).
     pub(crate) finished: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -214,22 +215,8 @@ impl SlotTurn {
 /// batch (concurrency counts handlers running, as in River and Sidekiq), and the attempt
 /// ends there. The completer's backlog bounds how far that can run ahead of committing:
 /// past it, the attempt holds both until its outcome is written.
-///
-/// The attempt's future is boxed once here: spawned as it is, its few kilobytes would be
-/// copied at each move on the way into its task.
-pub(crate) fn run_claimed(
-    env: std::sync::Arc<AttemptEnv>,
-    turn: SlotTurn,
-    job: crate::store::ClaimedJob,
-    claim_sent: tokio::time::Instant,
-    held: tokio::sync::OwnedSemaphorePermit,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
-    Box::pin(attempt(env, turn, job, claim_sent, held))
-}
-
-async fn attempt(
-    env: std::sync::Arc<AttemptEnv>,
-    turn: SlotTurn,
+pub(crate) async fn run_claimed(
+    env: AttemptEnv,
     mut job: crate::store::ClaimedJob,
     claim_sent: tokio::time::Instant,
     held: tokio::sync::OwnedSemaphorePermit,
@@ -280,7 +267,7 @@ async fn attempt(
         };
         let payload = std::mem::take(&mut job.payload);
         tokio::pin!(stop);
-        let SlotTurn { after, done } = turn;
+        let SlotTurn { after, done } = env.turn;
         let in_turn = async {
             if let Some(after) = after {
                 // An error is the earlier job's sender dropped: exactly the signal.

@@ -90,19 +90,13 @@ impl Signals {
     }
 }
 
-/// The attempts in flight, by job id. A clone shares the set (one `Arc`: every completion
-/// request carries one).
+/// The attempts in flight, by job id.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RunningSet {
-    inner: Arc<Attempts>,
-}
-
-#[derive(Debug, Default)]
-struct Attempts {
-    by_id: Mutex<HashMap<i64, Running>>,
-    handed_back: std::sync::atomic::AtomicUsize,
+    inner: Arc<Mutex<HashMap<i64, Running>>>,
+    handed_back: Arc<std::sync::atomic::AtomicUsize>,
     /// Of those, the jobs claimed ahead that wait for a handler slot.
-    waiting: std::sync::atomic::AtomicUsize,
+    waiting: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl RunningSet {
@@ -120,25 +114,18 @@ impl RunningSet {
     }
 
     pub(crate) fn count_handed_back(&self) {
-        self.inner
-            .handed_back
+        self.handed_back
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(crate) fn handed_back(&self) -> usize {
-        self.inner
-            .handed_back
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.handed_back.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Attempts whose handlers run (not those waiting for a slot).
     pub(crate) fn len(&self) -> usize {
         let all = self.lock().len();
-        all.saturating_sub(
-            self.inner
-                .waiting
-                .load(std::sync::atomic::Ordering::Relaxed),
-        )
+        all.saturating_sub(self.waiting.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Runs `wait` (a job's wait for its handler slot) counted as waiting.
@@ -149,10 +136,9 @@ impl RunningSet {
                 self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
-        self.inner
-            .waiting
+        self.waiting
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let _counted = Counted(&self.inner.waiting);
+        let _counted = Counted(&self.waiting);
         wait.await
     }
 
@@ -163,7 +149,7 @@ impl RunningSet {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Running>> {
         // A panic while holding this lock cannot leave the map inconsistent (every
         // operation is a single insert, remove or clone), so a poisoned lock is usable.
-        self.inner.by_id.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

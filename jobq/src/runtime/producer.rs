@@ -51,14 +51,6 @@ impl Producer {
         let slots = Arc::new(Semaphore::new(self.concurrency));
         let held = Arc::new(Semaphore::new(self.concurrency));
         let finished = Arc::new(AtomicU64::new(0));
-        let env = Arc::new(AttemptEnv {
-            config: self.config.clone(),
-            running: self.running.clone(),
-            completer: self.completer.clone(),
-            slots,
-            finished: finished.clone(),
-            stopping: stop.clone(),
-        });
         let mut ahead = Ahead::new(self.prefetch);
         let mut line = None;
         let mut backoff = Duration::from_millis(100);
@@ -158,9 +150,16 @@ impl Producer {
                 trail = Some(TRAIL.0);
             }
             for (job, permit) in jobs.into_iter().zip(taken.drain(..)) {
-                let turn = SlotTurn::next(&mut line);
-                self.attempts
-                    .spawn(run_claimed(env.clone(), turn, job, sent, permit));
+                let env = AttemptEnv {
+                    config: self.config.clone(),
+                    running: self.running.clone(),
+                    completer: self.completer.clone(),
+                    slots: slots.clone(),
+                    turn: SlotTurn::next(&mut line),
+                    finished: finished.clone(),
+                    stopping: stop.clone(),
+                };
+                self.attempts.spawn(run_claimed(env, job, sent, permit));
             }
             drop(taken);
             if got == 0 && claims.is_empty() {
